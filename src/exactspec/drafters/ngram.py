@@ -1,0 +1,94 @@
+"""Model-free drafters: prompt lookup (point masses) and unigram / bigram (paper Table 3)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import torch
+
+from ..sampling import SamplingParams, sample, warp
+from .base import Proposal
+
+
+class PromptLookupDrafter:
+    """Finds the latest earlier occurrence of the context's trailing n-gram (n = max_ngram..1) and
+    proposes the tokens that followed it. Deterministic, so proposals are point masses (probs=None);
+    exact at any temperature because the verifier treats q as a one-hot law."""
+
+    name = "prompt-lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, context, k, params, generator) -> Proposal:
+        if k <= 0:
+            return Proposal.empty()
+        n_ctx = len(context)
+        for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
+            tail = context[n_ctx - n :]
+            for start in range(n_ctx - n - 1, -1, -1):  # latest match first, never the tail itself
+                if context[start : start + n] == tail:
+                    follow = context[start + n : start + n + k]
+                    if follow:
+                        return Proposal(torch.tensor(follow, dtype=torch.long), None)
+        return Proposal.empty()
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        pass
+
+
+class NGramDrafter:
+    """Unigram (order=1) or bigram (order=2) token model, fitted from token ids and updated online
+    from the context it drafts for. Draft logits are log-probabilities of an add-`smoothing` model
+    (bigram backs off to the unigram), warped exactly like the target's before sampling."""
+
+    def __init__(self, vocab_size: int, order: int = 2, smoothing: float = 0.1):
+        if order not in (1, 2):
+            raise ValueError("order must be 1 (unigram) or 2 (bigram)")
+        self.vocab_size, self.order, self.smoothing = vocab_size, order, smoothing
+        self.name = "unigram" if order == 1 else "bigram"
+        self.unigram = torch.zeros(vocab_size)  # [V] counts
+        self.bigram: dict[int, Counter] = defaultdict(Counter)
+        self._n_seen = 0  # tokens of the current context already counted
+
+    def fit(self, token_ids: list[int]) -> "NGramDrafter":
+        """Add the counts of a token sequence (e.g. text the target generated)."""
+        for a, b in zip(token_ids, token_ids[1:]):
+            self.bigram[a][b] += 1
+        if token_ids:
+            self.unigram += torch.bincount(torch.tensor(token_ids), minlength=self.vocab_size)[: self.vocab_size]
+        return self
+
+    def _update(self, context: list[int]) -> None:
+        """Count the part of the (only ever growing) context not counted yet."""
+        start = max(self._n_seen - 1, 0)  # re-include the last counted token to get its pair
+        self.fit(context[start:])
+        if self._n_seen:
+            self.unigram[context[start]] -= 1  # ... but not its unigram count twice
+        self._n_seen = len(context)
+
+    def logits(self, prev: int) -> torch.Tensor:
+        """[V] log-probabilities of the next token after `prev`."""
+        uni = (self.unigram + self.smoothing) / (self.unigram.sum() + self.smoothing * self.vocab_size)
+        if self.order == 1:
+            return uni.log()
+        row = self.bigram.get(prev)
+        counts = torch.zeros(self.vocab_size)
+        if row:
+            counts[list(row.keys())] = torch.tensor(list(row.values()), dtype=torch.float)
+        return ((counts + uni) / (counts.sum() + 1.0)).log()
+
+    def propose(self, context, k, params: SamplingParams, generator) -> Proposal:
+        if k <= 0:
+            return Proposal.empty()
+        self._update(context)
+        prev, ids, probs = context[-1], [], []
+        for _ in range(k):
+            q = warp(self.logits(prev), params)  # [V]
+            prev = int(sample(q[None], generator)[0])
+            ids.append(prev)
+            probs.append(q)
+        return Proposal(torch.tensor(ids, dtype=torch.long), torch.stack(probs))
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        pass

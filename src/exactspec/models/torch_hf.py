@@ -1,0 +1,105 @@
+"""Transformers adapter: any local `AutoModelForCausalLM` checkpoint, or a GGUF file.
+
+GGUF weights are dequantised into ordinary float `nn.Linear` weights on load (a k-token forward then
+costs about what dense matmuls cost; packed-GGUF kernels made it 1.7-2.2x a 1-token step here).
+The KV cache is a transformers `DynamicCache`; rollback is `crop` (which in transformers 5.x takes
+the negative number of tokens to drop).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ExactSpecError
+
+
+@dataclass
+class Loaded:
+    model: "HFCausalLM"
+    tokenizer: object
+
+
+def _split_path(path: str) -> tuple[str, str | None]:
+    """-> (directory, gguf file name or None). Raises ExactSpecError for paths that cannot be a model."""
+    if not os.path.exists(path):
+        raise ExactSpecError(f"model path not found: {path}")
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise ExactSpecError(f"not a model: {path} (expected a directory with config.json or a .gguf file)")
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
+        return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise ExactSpecError(f"not a model directory (no config.json): {path}")
+    return path, None
+
+
+def load_tokenizer(path: str):
+    """The tokenizer stored with a local checkpoint (directory or GGUF file)."""
+    from transformers import AutoTokenizer
+
+    directory, gguf = _split_path(path)
+    try:
+        return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
+    except Exception as e:  # transformers raises many types for bad files
+        raise ExactSpecError(f"cannot load tokenizer from {path}: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def load_hf_model(path: str, dtype: torch.dtype = torch.float32):
+    """The transformers module for a local checkpoint, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    directory, gguf = _split_path(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
+    except Exception as e:
+        raise ExactSpecError(f"cannot load model from {path}: {type(e).__name__}: {str(e)[:200]}") from None
+    return model.eval()
+
+
+class HFCausalLM:
+    """`CausalLM` over a transformers model with one sequence (batch 1) and a DynamicCache."""
+
+    def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None):
+        from transformers import DynamicCache
+
+        self._cache_cls = DynamicCache
+        self.module = module
+        config = module.config
+        self.vocab_size = int(module.get_output_embeddings().weight.shape[0])
+        eos = eos_token_ids if eos_token_ids is not None else getattr(module.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = config.eos_token_id
+        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple, set)) else ([eos] if eos is not None else []))
+        self.max_length = int(getattr(config, "max_position_embeddings", 2048))
+        self.reset()
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self.cache = self._cache_cls(config=self.module.config)
+        self._length = 0
+
+    @torch.inference_mode()
+    def forward(self, new_ids: torch.Tensor) -> torch.Tensor:
+        k = new_ids.shape[1]
+        if self._length + k > self.max_length:
+            raise ExactSpecError(f"context length {self._length + k} exceeds the model's {self.max_length} tokens")
+        positions = torch.arange(self._length, self._length + k)[None]  # [1, k]
+        out = self.module(input_ids=new_ids, position_ids=positions, cache=self.cache, use_cache=True)
+        self._length += k
+        return out.logits.float()  # [1, k, V]
+
+    def truncate(self, length: int) -> None:
+        drop = self._length - length
+        if drop < 0:
+            raise ValueError(f"cannot truncate to {length}: only {self._length} tokens cached")
+        if drop:
+            self.cache.crop(-drop)
+            self._length = length

@@ -1,0 +1,59 @@
+"""Prometheus metrics of one app, in the app's own registry (two apps in a process never share counts)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..engine import GenerationResult
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+
+
+class Metrics:
+    """Counters, histograms and a gauge for the speculative decoder and the HTTP endpoints.
+    prometheus_client metrics are thread-safe: the worker thread and the event loop both update them."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.drafts = Counter("exactspec_drafts", "Target calls that verified at least one draft token", registry=r)
+        self.draft_tokens = Counter("exactspec_draft_tokens", "Draft tokens proposed", registry=r)
+        self.accepted_tokens = Counter("exactspec_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.accepted_by_position = Counter(
+            "exactspec_accepted_tokens_by_position", "Draft tokens accepted, by position in the draft",
+            ["position"], registry=r)
+        self.emitted_tokens = Counter("exactspec_emitted_tokens", "Completion tokens generated", registry=r)
+        self.cancelled = Counter("exactspec_cancelled_generations",
+                                 "Generations stopped early because their client went away", registry=r)
+        self.requests = Counter("exactspec_requests", "Completion requests by endpoint and HTTP status",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("exactspec_request_latency_seconds", "Completion request latency, arrival to last byte",
+                                 ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.time_per_output_token = Histogram("exactspec_time_per_output_token_seconds",
+                                               "Decode time per generated token, per sample",
+                                               buckets=_TPOT_BUCKETS, registry=r)
+        self.running = Gauge("exactspec_running_requests", "Completion requests queued or generating", registry=r)
+
+    def observe_generation(self, result: GenerationResult, cancelled: bool) -> None:
+        """Count one finished (or cancelled) sample."""
+        stats, tokens = result.stats, len(result.token_ids)
+        self.drafts.inc(stats.draft_calls)
+        self.draft_tokens.inc(stats.proposed)
+        self.accepted_tokens.inc(stats.accepted)
+        for position, count in enumerate(stats.accepted_per_position):
+            self.accepted_by_position.labels(position=str(position)).inc(count)
+        self.emitted_tokens.inc(tokens)
+        if tokens:
+            self.time_per_output_token.observe(stats.decode_s / tokens)
+        if cancelled:
+            self.cancelled.inc()
+
+    def observe_request(self, endpoint: str, status: int, seconds: float | None = None) -> None:
+        """Count one completion request; `seconds` (if known) goes into the latency histogram."""
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        if seconds is not None:
+            self.latency.labels(endpoint=endpoint).observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        """(body, content type) of the Prometheus text exposition."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,87 @@
+"""Request bodies of the OpenAI-compatible endpoints.
+
+Types are strict (a string where a number belongs is an error, not coerced), while unknown fields
+(`user`, `presence_penalty`, `logprobs`, ...) are accepted and ignored, as OpenAI clients send them.
+Limits that depend on the loaded model (the context size) are checked by the app, not here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 8  # samples per request; they run one after another on the single worker
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: str = "text"
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: str
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        """The message content as one string (text parts joined)."""
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class _Generation(_Strict):
+    """Fields shared by chat and text completions: OpenAI's, plus `top_k`, `min_p` and `gamma`."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, gt=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63 - MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0, le=1)
+    gamma: int | None = Field(None, ge=0)
+
+    def stop_list(self) -> list[str]:
+        """`stop` as a list (OpenAI accepts one string or several)."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, gt=0)
+
+    def token_budget(self) -> int | None:
+        """`max_completion_tokens` (OpenAI's newer name) or `max_tokens`; None means the rest of the context."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def chat(self) -> list[dict]:
+        """The messages as the chat template wants them."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Generation):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+
+    def token_budget(self) -> int:
+        """`max_tokens`, with OpenAI's default of 16 for text completions."""
+        return self.max_tokens if self.max_tokens is not None else 16
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

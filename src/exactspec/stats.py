@@ -1,0 +1,67 @@
+"""Counters and timings of one generation (or many, merged)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Stats:
+    target_calls: int = 0  # target forward passes after the prefill
+    draft_calls: int = 0  # proposals requested from the drafter
+    proposed: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens accepted
+    emitted: int = 0  # tokens produced (accepted + corrections/bonus)
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: times draft i was accepted
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0  # time inside the drafter
+    verify_s: float = 0.0  # time in target forward + verification
+
+    def record(self, proposed: int, accepted: int, emitted: int) -> None:
+        self.target_calls += 1
+        self.draft_calls += proposed > 0
+        self.proposed += proposed
+        self.accepted += accepted
+        self.emitted += emitted
+        if len(self.accepted_per_position) < accepted:
+            self.accepted_per_position += [0] * (accepted - len(self.accepted_per_position))
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def tokens_per_target_call(self) -> float | None:
+        return self.emitted / self.target_calls if self.target_calls else None
+
+    @property
+    def wall_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.emitted / self.decode_s if self.decode_s > 0 else None
+
+    def merge(self, other: "Stats") -> "Stats":
+        out = Stats(**{k: v for k, v in asdict(self).items() if k != "accepted_per_position"})
+        for name in ("target_calls", "draft_calls", "proposed", "accepted", "emitted"):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        for name in ("prefill_s", "decode_s", "draft_s", "verify_s"):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
+        out.accepted_per_position = [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))]
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_target_call=self.tokens_per_target_call,
+            wall_s=self.wall_s,
+            tokens_per_s=self.tokens_per_s,
+        )
+        return d

@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny random-weight Llamas (small vocab) and the embedded model, loaded once."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest
+import torch
+
+from exactspec.models.torch_hf import HFCausalLM
+
+torch.set_num_threads(2)
+
+TINY_VOCAB = 8
+
+
+def tiny_llama(seed: int, vocab: int = TINY_VOCAB, sharpness: float = 8.0, layers: int = 2) -> torch.nn.Module:
+    """A random Llama whose next-token laws are far from uniform (so drafts can disagree)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+        model.model.embed_tokens.weight.mul_(sharpness)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> HFCausalLM:
+    return HFCausalLM(tiny_llama(0), eos_token_ids=set())
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> HFCausalLM:
+    return HFCausalLM(tiny_llama(1, sharpness=4.0, layers=1), eos_token_ids=set())
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct engine (fp32), loaded once for the whole session."""
+    import exactspec
+
+    return exactspec.load(draft="prompt-lookup", gamma=4)

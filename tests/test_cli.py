@@ -1,0 +1,74 @@
+"""The command line as a user meets it: real subprocesses, one-line errors, the --json contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import tiny_llama
+
+ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def exactspec(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exactspec.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=ENV, stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("exactspec: error:") and words in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--draft", "no-such-drafter"], "unknown draft"),
+    (["--target", "/no/such/model"], "not found"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--temperature", "-1"], "temperature"),
+    (["--gamma", "-2"], "gamma"),
+    (["--max-new-tokens", "0"], "max-new-tokens"),
+])
+def test_bad_input_is_one_line(args, words):
+    assert_one_line_error(exactspec("generate", "hi", *args), words)
+
+
+def test_corrupt_gguf(tmp_path):
+    bad_magic = tmp_path / "bad.gguf"
+    bad_magic.write_bytes(b"NOPE" + os.urandom(64))
+    assert_one_line_error(exactspec("generate", "hi", "--target", str(bad_magic)), "corrupt GGUF")
+    truncated = tmp_path / "trunc.gguf"
+    truncated.write_bytes(b"GGUF" + os.urandom(64))
+    assert_one_line_error(exactspec("generate", "hi", "--target", str(truncated)), "cannot load")
+
+
+def test_vocabulary_mismatch(tmp_path):
+    tiny_llama(0, vocab=64).save_pretrained(tmp_path / "tiny")
+    assert_one_line_error(exactspec("generate", "hi", "--draft", str(tmp_path / "tiny")), "vocabulary")
+
+
+def test_help_explains():
+    out = exactspec("generate", "--help")
+    assert out.returncode == 0 and "--draft" in out.stdout and "greedy" in out.stdout
+
+
+def test_json_compare_contract():
+    proc = exactspec("generate", "Repeat exactly: one two three four five six", "--max-new-tokens", "24",
+                     "--compare", "--json", "--num-samples", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert all(isinstance(t, int) for t in out["prompt_token_ids"])
+    assert len(out["samples"]) == 2
+    for sample in out["samples"]:
+        assert isinstance(sample["text"], str) and sample["token_ids"] and len(sample["token_ids"]) <= 24
+    assert out["compare"]["identical"] is True  # greedy by default
+    assert out["compare"]["speedup"] > 0
+    for key in ("target_calls", "draft_calls", "proposed", "accepted", "accepted_per_position",
+                "acceptance_rate", "tokens_per_target_call", "wall_s", "tokens_per_s"):
+        assert key in out["stats"]
