@@ -5,7 +5,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup run test clean
+.PHONY: setup run test clean llamacpp
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Optional llama.cpp backend (llama-cpp-python). The first install builds llama.cpp from source: about
+# 26 minutes on 2 cores; pip's wheel cache makes later installs (new venvs included) take seconds.
+llamacpp: setup
+	$(PY) -m pip install -e '.[llamacpp]'
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -33,6 +33,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, words: str) -> None
     (["--top-p", "1.5"], "top_p"),
     (["--temperature", "-1"], "temperature"),
     (["--gamma", "-2"], "gamma"),
+    (["--gamma", "fast"], "gamma"),
     (["--max-new-tokens", "0"], "max-new-tokens"),
 ])
 def test_bad_input_is_one_line(args, words):

@@ -18,7 +18,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default="prompt-lookup", metavar="{prompt-lookup,bigram,unigram,none,PATH}",
                    help="drafter: prompt lookup over the context (default), an n-gram model fitted online, "
                         "no drafting, or a path to a smaller model sharing the target's vocabulary")
-    p.add_argument("--gamma", type=int, default=4, help="draft tokens per target call (0 = plain decoding; default 4)")
+    p.add_argument("--gamma", default="4", help="draft tokens per target call: N (0 = plain decoding; default 4) or "
+                   "\"auto\" (chosen every iteration from measured costs and the running acceptance rate)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
@@ -51,6 +52,54 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also run plain decoding of the same target and report speed-up and identity")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     gen.set_defaults(func=cmd_generate)
+
+    from .server.cli import add_serve_subcommand
+
+    add_serve_subcommand(sub)
+
+    bench = sub.add_parser("bench", help="benchmark speculative vs plain decoding side by side",
+                           description="Run our plain decoding, our speculative decoding per drafter and gamma, "
+                                       "and Hugging Face generate anchors in one process, interleaved; report "
+                                       "tokens/s and speed-ups (medians of per-repetition ratios).")
+    bench.add_argument("--target", metavar="PATH", help="target model (default: the embedded SmolLM2-135M-Instruct)")
+    bench.add_argument("--draft-model", metavar="PATH", help="also bench a draft model (ours and HF assisted generation)")
+    bench.add_argument("--workloads", default="grounded,chat", help="comma list of grounded, chat")
+    bench.add_argument("--temperatures", default="0,1", help="comma list (default 0,1)")
+    bench.add_argument("--drafters", default="prompt-lookup,bigram", help="comma list of drafters")
+    bench.add_argument("--gammas", default="2,4,6", help="comma list of fixed gammas (auto is added unless --no-auto)")
+    bench.add_argument("--no-auto", action="store_true", help="skip --gamma auto rows")
+    bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate anchors")
+    bench.add_argument("--prompts", type=int, default=3, help="prompts per workload (default 3)")
+    bench.add_argument("--reps", type=int, default=2, help="repetitions (default 2)")
+    bench.add_argument("--max-new-tokens", type=int, default=96)
+    bench.add_argument("--quick", action="store_true", help="a small run that finishes in a few minutes")
+    bench.add_argument("--json", action="store_true", help="print {rows, cost_model} as JSON instead of a table")
+    bench.add_argument("--plot", metavar="FILE.png", help="plot measured and predicted speed-up vs gamma")
+    bench.add_argument("--batch", metavar="B,...", help="instead: batched throughput for these batch sizes "
+                       "(batched speculative vs batched plain vs B sequential runs), e.g. 1,4,8")
+    bench.add_argument("--threads", type=int, default=None)
+    bench.set_defaults(func=cmd_bench)
+
+    tune = sub.add_parser("tune", help="measure costs and acceptance; recommend gamma",
+                          description="Measure T(k)/T(1) of the target, the drafter's cost c, and the acceptance "
+                                      "rate on a workload; print the predicted speed-up per gamma and the best "
+                                      "gamma (0 means: do not speculate).")
+    _add_model_args(tune)
+    tune.add_argument("--workload", default="grounded", help="grounded or chat (default grounded)")
+    tune.add_argument("--temperature", type=float, default=0.0)
+    tune.add_argument("--max-new-tokens", type=int, default=64)
+    tune.add_argument("--json", action="store_true")
+    tune.set_defaults(func=cmd_tune)
+
+    theory = sub.add_parser("theory", help="the paper's formulas: speed-up, arithmetic cost, optimal gamma",
+                            description="Leviathan et al. (2023): expected tokens per iteration, Theorem 3.8 "
+                                        "walltime factor, Theorem 3.11 arithmetic factor, optimal gamma.")
+    theory.add_argument("--alpha", type=float, help="acceptance rate in [0, 1]")
+    theory.add_argument("--gamma", type=int, help="draft tokens per iteration (default: the optimal one)")
+    theory.add_argument("--c", type=float, default=0.0, help="draft/target time per token (default 0)")
+    theory.add_argument("--c-hat", type=float, default=0.0, help="draft/target arithmetic per token (default 0)")
+    theory.add_argument("--table", action="store_true", help="print the paper's Table 1 recomputed")
+    theory.set_defaults(func=cmd_theory)
     return parser
 
 
@@ -67,8 +116,8 @@ def load_engine(args: argparse.Namespace, **kwargs):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import check_gamma
     from .sampling import SamplingParams
-    from .stats import Stats
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
@@ -77,21 +126,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ExactSpecError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.max_new_tokens < 1:
         raise ExactSpecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.gamma < 0:
-        raise ExactSpecError(f"--gamma must be >= 0, got {args.gamma}")
+    args.gamma = check_gamma(args.gamma)
     engine = load_engine(args, chat_template=not args.no_chat_template)
     common = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, **sampling)
 
-    def run(gamma: int):
-        seed = args.seed if args.seed is not None else None
-        results = []
-        for i in range(args.num_samples):
-            s = None if seed is None else seed + i
-            results.append(engine.generate(prompt, seed=s, gamma=gamma, **common))
-        total = Stats()
-        for r in results:
-            total = total.merge(r.stats)
-        return results, total
+    def run(gamma: int | str):  # all samples decoded together, one batch
+        return engine.generate_batch(prompt, n=args.num_samples, seed=args.seed, gamma=gamma, **common)
 
     if args.compare:  # warm up allocator and kernels so neither side pays first-call costs
         engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0)
@@ -132,6 +172,115 @@ def cmd_generate(args: argparse.Namespace) -> int:
         c = out["compare"]
         print(f"[plain decoding: {c['plain_tokens_per_s']:.1f} tok/s; speed-up {c['speedup']:.2f}x; "
               f"outputs identical: {c['identical']}]", file=sys.stderr)
+    return 0
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .bench.runner import build_methods, plot, run_bench, to_markdown
+    from .bench.workloads import WORKLOADS
+    from .models.torch_hf import load_hf_model
+
+    workloads = [w for w in args.workloads.split(",") if w]
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise ExactSpecError(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS)}")
+    drafters = [d for d in args.drafters.split(",") if d]
+    gammas = [int(g) for g in _floats(args.gammas)]
+    temperatures, prompts, reps, max_new = _floats(args.temperatures), args.prompts, args.reps, args.max_new_tokens
+    if args.quick:
+        gammas, prompts, reps, max_new, drafters = [4], 1, 1, 48, drafters[:2]
+    if args.draft_model:
+        drafters.append("model")
+    args.draft = args.draft_model or "prompt-lookup"
+    args.gamma = 4
+    engine = load_engine(args)
+    if args.batch:
+        return _bench_batch(engine, args, [int(b) for b in _floats(args.batch)], workloads[0], temperatures[0],
+                            drafters[0], gammas[0], max_new, reps)
+    hf_draft = engine.draft_model.module if engine.draft_model is not None else None
+    if args.draft_model:
+        engine.draft = "model"
+    methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft)
+    total = len(methods) * len(workloads) * len(temperatures) * prompts * reps
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
+        rows = run_bench(engine, methods, workloads, temperatures, prompts, reps, max_new, bar)
+    cost = engine.cost_model("none")
+    report = {"rows": rows, "cost_model": {
+        "target_s": cost.target_s, "target_ratios": cost.ratios(),
+        "draft_s_per_token": {d: engine.cost_model(d).draft_s_per_token for d in drafters}}}
+    if args.plot:
+        plot(rows, args.plot)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(to_markdown(rows))
+        print("\nT(k)/T(1): " + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(cost.ratios())))
+    return 0
+
+
+def _bench_batch(engine, args, batches, workload, temperature, drafter, gamma, max_new, reps) -> int:
+    from .bench.runner import batch_table, run_batch_bench
+
+    rows = run_batch_bench(engine, batches, workload, temperature, drafter, gamma, max_new, reps)
+    print(json.dumps({"batch_rows": rows}) if args.json else batch_table(rows))
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .bench.workloads import load_workload
+    from .sampling import SamplingParams
+    from .stats import Stats
+
+    params = SamplingParams(temperature=args.temperature)
+    engine = load_engine(args)
+    if engine.draft == "none":
+        raise ExactSpecError("tune needs a drafter: pass --draft")
+    cost = engine.cost_model()
+    stats = Stats()
+    for i, prompt in enumerate(load_workload(args.workload)):
+        for _ in engine.stream_ids(engine.encode(prompt), params, args.max_new_tokens, max(cost.max_gamma // 2, 1), i, stats):
+            pass
+    alpha = stats.alpha or 0.0
+    best = cost.best_gamma(alpha)
+    table = [{"gamma": g, "target_ratio": cost.ratios()[g], "predicted_speedup": cost.predicted_speedup(alpha, g)}
+             for g in range(cost.max_gamma + 1)]
+    report = {"alpha": alpha, "c": cost.draft_s_per_token / cost.target_s[0], "t1_s": cost.target_s[0],
+              "per_gamma": table, "recommended_gamma": best, "draft": engine.draft, "workload": args.workload}
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"drafter {engine.draft} on '{args.workload}' at T={args.temperature:g}: alpha = {alpha:.3f}, "
+          f"c = {report['c']:.4f}, T(1) = {1000 * cost.target_s[0]:.1f} ms")
+    print("gamma  T(gamma+1)/T(1)  predicted speed-up")
+    for row in table:
+        print(f"{row['gamma']:5d}  {row['target_ratio']:15.2f}  {row['predicted_speedup']:18.2f}")
+    print(f"recommended gamma: {best}" + ("  (do not speculate: verification costs more than it saves)" if best == 0 else ""))
+    return 0
+
+
+def cmd_theory(args: argparse.Namespace) -> int:
+    from . import theory
+
+    if args.table:
+        print("alpha  gamma  arithmetic ops  walltime")
+        for alpha, gamma, _, _ in theory.PAPER_TABLE_1:
+            print(f"{alpha:5.1f}  {gamma:5d}  {theory.arithmetic_factor(alpha, gamma):13.2f}x  "
+                  f"{theory.walltime_factor(alpha, gamma):7.2f}x")
+        return 0
+    if args.alpha is None:
+        raise ExactSpecError("theory needs --alpha (or --table)")
+    gamma = theory.optimal_gamma(args.alpha, args.c) if args.gamma is None else args.gamma
+    print(f"alpha={args.alpha:g} gamma={gamma} c={args.c:g} c_hat={args.c_hat:g}")
+    print(f"expected tokens per iteration: {theory.expected_tokens(args.alpha, gamma):.3f}")
+    print(f"walltime speed-up (Thm 3.8):   {theory.walltime_factor(args.alpha, gamma, args.c):.2f}x")
+    print(f"arithmetic factor (Thm 3.11):  {theory.arithmetic_factor(args.alpha, gamma, args.c_hat):.2f}x")
+    print(f"optimal gamma for this c:      {theory.optimal_gamma(args.alpha, args.c)}")
     return 0
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from .costmodel import AutoGamma
 from .drafters.base import Drafter
 from .errors import ExactSpecError
 from .models.base import CausalLM
@@ -28,7 +29,7 @@ def decode(
     drafter: Drafter | None,
     prompt_ids: list[int],
     params: SamplingParams,
-    gamma: int,
+    gamma: int | AutoGamma,
     max_new_tokens: int,
     generator: torch.Generator | None = None,
     stats: Stats | None = None,
@@ -36,7 +37,8 @@ def decode(
     verifier: Verifier = verify,
 ) -> Iterator[int]:
     """Yield generated token ids as they are accepted. Stops at EOS (yielded), max_new_tokens or the
-    context limit; the caller may stop early (stop strings) by closing the iterator."""
+    context limit; the caller may stop early (stop strings) by closing the iterator.
+    `gamma` is a fixed number of drafts per iteration, or an AutoGamma policy asked before each one."""
     if not prompt_ids:
         raise ExactSpecError("the prompt is empty")
     if len(prompt_ids) >= target.max_length:
@@ -53,7 +55,8 @@ def decode(
     t_start, decode_base = time.perf_counter(), stats.decode_s
     while produced < max_new_tokens and len(context) < target.max_length:
         # Each iteration emits up to k+1 tokens: never draft past max_new_tokens or the context.
-        k = min(gamma, max_new_tokens - produced - 1, target.max_length - len(context) - 1)
+        want = gamma.next_gamma() if isinstance(gamma, AutoGamma) else gamma
+        k = min(want, max_new_tokens - produced - 1, target.max_length - len(context) - 1)
         t = time.perf_counter()
         proposal = drafter.propose(context, k, params, generator) if (drafter and k > 0) else None
         draft_ids = proposal.ids[:k] if proposal is not None else torch.zeros(0, dtype=torch.long)
@@ -71,6 +74,8 @@ def decode(
         stats.verify_s += time.perf_counter() - t_verify
         if drafter is not None and len(draft_ids):
             drafter.observe(len(draft_ids), n)
+            if isinstance(gamma, AutoGamma):
+                gamma.observe(len(draft_ids), n)
 
         emitted = tokens[0, : n + 1].tolist()[: max_new_tokens - produced]
         eos_at = next((i for i, tok in enumerate(emitted) if stop_on_eos and tok in target.eos_token_ids), None)

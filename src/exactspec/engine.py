@@ -14,12 +14,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .costmodel import AutoGamma, CostModel, measure_drafter, measure_target
 from .decode import decode
+from .decode_batch import decode_batch
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
+from .models import fast_llama
+from .models.base import CausalLM
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
 from .sampling import SamplingParams
 from .stats import Stats
@@ -39,13 +43,15 @@ class GenerationResult:
 class Engine:
     """A loaded target model + tokenizer + drafter recipe. One request at a time (not thread-safe)."""
 
-    def __init__(self, target: HFCausalLM, tokenizer, draft: str = "prompt-lookup", gamma: int = 4,
-                 draft_model: HFCausalLM | None = None, chat_template: bool = True):
-        if gamma < 0:
-            raise ExactSpecError(f"gamma must be >= 0, got {gamma}")
-        self.target, self.tokenizer, self.draft, self.gamma = target, tokenizer, draft, gamma
+    def __init__(self, target: CausalLM, tokenizer, draft: str = "prompt-lookup", gamma: int | str = 4,
+                 draft_model: CausalLM | None = None, chat_template: bool = True, prior_alpha: float = 0.3):
+        self.target, self.tokenizer, self.draft = target, tokenizer, draft
+        self.gamma = check_gamma(gamma)
         self.draft_model = draft_model
         self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
+        self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (exactspec tune measures it)
+        self._target_costs: list[float] | None = None
+        self._draft_costs: dict[str, float] = {}
 
     # --- prompt handling -------------------------------------------------------------------
     def encode(self, prompt: str | list[dict], chat_template: bool | None = None) -> list[int]:
@@ -75,17 +81,28 @@ class Engine:
             return ModelDrafter(self.draft_model)
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
 
+    def cost_model(self, draft: str | None = None, max_gamma: int = 8) -> CostModel:
+        """Measured T(k) of the target (once) and the drafter's time per token (once per drafter)."""
+        draft = self.draft if draft is None else draft
+        if self._target_costs is None:
+            self._target_costs = measure_target(self.target, max_k=max_gamma + 1)
+        if draft not in self._draft_costs:
+            drafter = self.make_drafter(draft)
+            self._draft_costs[draft] = 0.0 if drafter is None else measure_drafter(
+                drafter, self.target.vocab_size, SamplingParams(temperature=1.0))
+        return CostModel(self._target_costs, self._draft_costs[draft])
+
     # --- generation ------------------------------------------------------------------------
     def stream_ids(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int = 256,
-                   gamma: int | None = None, seed: int | None = None, stats: Stats | None = None,
+                   gamma: int | str | None = None, seed: int | None = None, stats: Stats | None = None,
                    draft: str | None = None) -> Iterator[int]:
         if max_new_tokens <= 0:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        gamma = self.gamma if gamma is None else gamma
-        if gamma < 0:
-            raise ExactSpecError(f"gamma must be >= 0, got {gamma}")
+        gamma = self.gamma if gamma is None else check_gamma(gamma)
         generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
-        drafter = self.make_drafter(draft) if gamma > 0 else None
+        drafter = self.make_drafter(draft) if gamma != 0 else None
+        if gamma == "auto":
+            gamma = AutoGamma(self.cost_model(draft), self.prior_alpha) if drafter is not None else 0
         return decode(self.target, drafter, prompt_ids, params, gamma, max_new_tokens, generator, stats)
 
     def stream(self, prompt: str | list[dict], max_new_tokens: int = 256, stop: list[str] | None = None,
@@ -108,6 +125,60 @@ class Engine:
             pass
         return result
 
+    def generate_batch(self, prompts: str | list[str], n: int = 1, max_new_tokens: int = 256,
+                       stop: list[str] | None = None, seed: int | None = None, gamma: int | str | None = None,
+                       chat_template: bool | None = None, draft: str | None = None,
+                       **sampling) -> tuple[list[GenerationResult], Stats]:
+        """Decode every prompt n times in ONE batch (one target forward per iteration for all rows).
+        Results are prompt-major (prompt 0's n samples first); row i uses seed + i. Returns the results
+        and the batch's stats (target_calls = batched forwards). Targets without a batched cache,
+        and draft models, run the rows one after another instead."""
+        prompts = [prompts] if isinstance(prompts, str) else prompts
+        if n < 1:
+            raise ExactSpecError(f"n must be >= 1, got {n}")
+        if max_new_tokens <= 0:
+            raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        params = SamplingParams(**sampling)
+        results = [self.new_result(p, chat_template) for p in prompts for _ in range(n)]
+        base = seed if seed is not None else int(torch.randint(2**62, ()).item())
+        draft = self.draft if draft is None else draft
+        if not hasattr(self.target, "forward_rows") or draft == "model":
+            return self._sequential(results, max_new_tokens, stop, base, gamma, draft, params)
+        gamma = self.gamma if gamma is None else check_gamma(gamma)
+        drafters = [self.make_drafter(draft) if gamma != 0 else None for _ in results]
+        if gamma == "auto":
+            gamma = AutoGamma(self.cost_model(draft), self.prior_alpha) if drafters[0] is not None else 0
+        batch_stats, cancelled = Stats(), set()
+        gens = [torch.Generator().manual_seed(base + i) for i in range(len(results))]
+        for row, tokens in decode_batch(self.target, drafters, [r.prompt_token_ids for r in results], params,
+                                        gamma, max_new_tokens, gens, [r.stats for r in results], batch_stats,
+                                        cancelled):
+            result = results[row]
+            result.token_ids += tokens
+            if self._finish(result, stop):
+                cancelled.add(row)
+        return results, batch_stats
+
+    def _sequential(self, results, max_new_tokens, stop, base, gamma, draft, params):
+        total = Stats()
+        for i, result in enumerate(results):
+            for _ in self._run(result, max_new_tokens, stop, base + i, gamma, draft, params):
+                pass
+            total = total.merge(result.stats)
+        return results, total
+
+    def _finish(self, result: GenerationResult, stop: list[str] | None) -> bool:
+        """Set text and finish reason from the tokens so far; True when EOS or a stop string ended it."""
+        ids = result.token_ids
+        if ids and ids[-1] in self.target.eos_token_ids:
+            result.finish_reason = "stop"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        hit = min((i for i in (text.find(s) for s in stop or [] if s) if i >= 0), default=-1)
+        if hit >= 0:
+            text, result.finish_reason = text[:hit], "stop"
+        result.text = text
+        return result.finish_reason == "stop"
+
     def _run(self, result: GenerationResult, max_new_tokens, stop, seed, gamma, draft, params) -> Iterator[str]:
         """Drive the decode loop, detokenise incrementally, apply stop strings; fills `result`."""
         stops = [s for s in (stop or []) if s]
@@ -115,20 +186,13 @@ class Engine:
         sent = 0
         for token in tokens:
             result.token_ids.append(token)
-            if token in self.target.eos_token_ids:
-                result.finish_reason = "stop"
-                break
-            text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-            hit = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-            if hit >= 0:
-                text, result.finish_reason = text[:hit], "stop"
-            result.text = text
+            done = self._finish(result, stops)
             # hold back a trailing partial UTF-8 sequence, and any text that might start a stop string
-            safe = len(text) if hit >= 0 else _safe_prefix(text, stops)
+            safe = len(result.text) if done else _safe_prefix(result.text, stops)
             if safe > sent:
-                yield text[sent:safe]
+                yield result.text[sent:safe]
                 sent = safe
-            if hit >= 0:
+            if done:
                 break
         tokens.close()
         if len(result.text) > sent:
@@ -142,20 +206,39 @@ def _safe_prefix(text: str, stops: list[str]) -> int:
     return end - hold
 
 
-def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int = 4, chat_template: bool = True,
-         dtype: torch.dtype = torch.float32, threads: int | None = None) -> Engine:
+def check_gamma(gamma: int | str) -> int | str:
+    """γ is an integer >= 0 (an int or its digits) or "auto"."""
+    if gamma == "auto":
+        return gamma
+    valid = isinstance(gamma, int) and not isinstance(gamma, bool) or isinstance(gamma, str) and gamma.isdigit()
+    if not valid or int(gamma) < 0:
+        raise ExactSpecError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
+    return int(gamma)
+
+
+def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast: bool = True) -> CausalLM:
+    """The lean Llama-family forward when the architecture allows it, else the transformers one."""
+    if fast and fast_llama.supports(module):
+        return fast_llama.FastLlamaLM(module, eos_token_ids)
+    return HFCausalLM(module, eos_token_ids)
+
+
+def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4, chat_template: bool = True,
+         dtype: torch.dtype = torch.float32, threads: int | None = None, fast: bool = True) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
-    and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model."""
+    and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model.
+    `gamma` is drafts per target call, or "auto" (chosen each iteration from measured costs)."""
+    gamma = check_gamma(gamma)
     if threads:
         torch.set_num_threads(threads)
     path = target or embedded_model_path()
     if draft not in DRAFT_NAMES and not os.path.exists(draft):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
     tokenizer = load_tokenizer(path)
-    target_lm = HFCausalLM(load_hf_model(path, dtype), _eos_ids(tokenizer))
+    target_lm = adapter(load_hf_model(path, dtype), _eos_ids(tokenizer), fast)
     draft_lm = None
     if draft not in DRAFT_NAMES:
-        draft_lm = HFCausalLM(load_hf_model(draft, dtype), target_lm.eos_token_ids)
+        draft_lm = adapter(load_hf_model(draft, dtype), target_lm.eos_token_ids, fast)
         check_same_vocab(target_lm, draft_lm, tokenizer, draft)
         draft = "model"
     return Engine(target_lm, tokenizer, draft, gamma, draft_lm, chat_template)
@@ -165,7 +248,7 @@ def _eos_ids(tokenizer) -> set[int] | None:
     return {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else None
 
 
-def check_same_vocab(target: HFCausalLM, draft: HFCausalLM, tokenizer, draft_path: str) -> None:
+def check_same_vocab(target: CausalLM, draft: CausalLM, tokenizer, draft_path: str) -> None:
     """Refuse a draft model whose vocabulary differs from the target's: its tokens would mean other things."""
     if draft.vocab_size != target.vocab_size:
         raise ExactSpecError(

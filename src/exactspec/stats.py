@@ -11,6 +11,7 @@ class Stats:
     draft_calls: int = 0  # proposals requested from the drafter
     proposed: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens accepted
+    rejections: int = 0  # iterations that ended on a rejected draft
     emitted: int = 0  # tokens produced (accepted + corrections/bonus)
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: times draft i was accepted
     prefill_s: float = 0.0
@@ -23,6 +24,7 @@ class Stats:
         self.draft_calls += proposed > 0
         self.proposed += proposed
         self.accepted += accepted
+        self.rejections += accepted < proposed
         self.emitted += emitted
         if len(self.accepted_per_position) < accepted:
             self.accepted_per_position += [0] * (accepted - len(self.accepted_per_position))
@@ -32,6 +34,14 @@ class Stats:
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def alpha(self) -> float | None:
+        """Per-token acceptance under the paper's i.i.d. model: the maximum-likelihood estimate from
+        truncated runs (accepted drafts are successes, each rejection one failure). Unlike
+        `acceptance_rate` it is not biased down by drafts proposed after a rejection."""
+        trials = self.accepted + self.rejections
+        return self.accepted / trials if trials else None
 
     @property
     def tokens_per_target_call(self) -> float | None:
@@ -47,7 +57,7 @@ class Stats:
 
     def merge(self, other: "Stats") -> "Stats":
         out = Stats(**{k: v for k, v in asdict(self).items() if k != "accepted_per_position"})
-        for name in ("target_calls", "draft_calls", "proposed", "accepted", "emitted"):
+        for name in ("target_calls", "draft_calls", "proposed", "accepted", "rejections", "emitted"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("prefill_s", "decode_s", "draft_s", "verify_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
@@ -60,6 +70,7 @@ class Stats:
         d = asdict(self)
         d.update(
             acceptance_rate=self.acceptance_rate,
+            alpha=self.alpha,
             tokens_per_target_call=self.tokens_per_target_call,
             wall_s=self.wall_s,
             tokens_per_s=self.tokens_per_s,

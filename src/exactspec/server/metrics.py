@@ -27,8 +27,9 @@ class Metrics:
                                  "Generations stopped early because their client went away", registry=r)
         self.requests = Counter("exactspec_requests", "Completion requests by endpoint and HTTP status",
                                 ["endpoint", "status"], registry=r)
-        self.latency = Histogram("exactspec_request_latency_seconds", "Completion request latency, arrival to last byte",
-                                 ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram("exactspec_request_latency_seconds",
+                                 "Completion request latency, accepted to last byte", ["endpoint"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
         self.time_per_output_token = Histogram("exactspec_time_per_output_token_seconds",
                                                "Decode time per generated token, per sample",
                                                buckets=_TPOT_BUCKETS, registry=r)

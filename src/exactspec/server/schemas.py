@@ -7,7 +7,7 @@ Limits that depend on the loaded model (the context size) are checked by the app
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,8 +38,9 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
-class _Generation(_Strict):
-    """Fields shared by chat and text completions: OpenAI's, plus `top_k`, `min_p` and `gamma`."""
+class GenerationRequest(_Strict):
+    """Fields shared by chat and text completions: OpenAI's, plus `top_k`, `min_p` and `gamma`
+    (draft tokens per target call, or "auto"; None: the engine's)."""
 
     model: str | None = None
     max_tokens: int | None = Field(None, gt=0)
@@ -52,7 +53,7 @@ class _Generation(_Strict):
     stream_options: StreamOptions | None = None
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0, le=1)
-    gamma: int | None = Field(None, ge=0)
+    gamma: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
 
     def stop_list(self) -> list[str]:
         """`stop` as a list (OpenAI accepts one string or several)."""
@@ -63,7 +64,7 @@ class _Generation(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_Generation):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, gt=0)
 
@@ -76,7 +77,7 @@ class ChatCompletionRequest(_Generation):
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
-class CompletionRequest(_Generation):
+class CompletionRequest(GenerationRequest):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
 
     def token_budget(self) -> int:

@@ -1,0 +1,210 @@
+"""Side-by-side benchmark in ONE process: our plain decoding (the baseline of every ratio), our
+speculative decoding per drafter and γ, and Hugging Face `generate` anchors. Runs are interleaved
+(every method on a prompt before the next prompt, the method order rotating per repetition) and each
+ratio is taken within a repetition, then the median over repetitions: the machine is noisy."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..engine import Engine
+from ..sampling import SamplingParams
+from ..stats import Stats
+from .workloads import load_workload
+
+RunFn = Callable[[list[int], SamplingParams, int, int], tuple[int, float, Stats | None]]
+
+
+@dataclass
+class Method:
+    method: str  # exactspec-plain | exactspec-spec | hf-plain | hf-prompt-lookup | hf-assisted
+    drafter: str | None
+    gamma: int | str | None
+    run: RunFn  # (prompt_ids, params, max_new_tokens, seed) -> (tokens, seconds, stats)
+
+
+def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str) -> Method:
+    def run(prompt_ids, params, max_new_tokens, seed):
+        stats = Stats()
+        t = time.perf_counter()
+        n = sum(1 for _ in engine.stream_ids(prompt_ids, params, max_new_tokens, gamma, seed, stats, drafter or "none"))
+        return n, time.perf_counter() - t, stats
+
+    name = "exactspec-plain" if gamma == 0 else "exactspec-spec"
+    return Method(name, drafter if gamma != 0 else None, gamma, run)
+
+
+def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
+    module = engine.target.module
+    eos = sorted(engine.target.eos_token_ids)
+
+    def run(prompt_ids, params, max_new_tokens, seed):
+        torch.manual_seed(seed)
+        kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0] if eos else 0,
+                      do_sample=not params.greedy, top_k=0 if params.greedy else params.top_k, **generate_kwargs)
+        if not params.greedy:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, min_p=params.min_p or None)
+        ids = torch.tensor([prompt_ids])
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = module.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        return out.shape[1] - len(prompt_ids), time.perf_counter() - t, None
+
+    gamma = generate_kwargs.get("prompt_lookup_num_tokens")
+    drafter = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "model"}.get(method)
+    return Method(method, drafter, gamma, run)
+
+
+def build_methods(engine: Engine, drafters: list[str], gammas: list[int], auto: bool, hf: bool,
+                  hf_draft_module=None) -> list[Method]:
+    methods = [exactspec_method(engine, None, 0)]
+    for drafter in drafters:
+        methods += [exactspec_method(engine, drafter, g) for g in gammas]
+        if auto:
+            methods.append(exactspec_method(engine, drafter, "auto"))
+    if hf:
+        methods += [hf_method(engine, "hf-plain"), hf_method(engine, "hf-prompt-lookup", prompt_lookup_num_tokens=10)]
+        if hf_draft_module is not None:
+            methods.append(hf_method(engine, "hf-assisted", assistant_model=hf_draft_module))
+    return methods
+
+
+def run_bench(engine: Engine, methods: list[Method], workloads: list[str], temperatures: list[float],
+              prompts_per_workload: int, reps: int, max_new_tokens: int, progress=None) -> list[dict]:
+    """-> rows in the JSON shape documented in the README (one per workload x temperature x method)."""
+    cost = {m.drafter: engine.cost_model(m.drafter) for m in methods if m.method == "exactspec-spec"}
+    rows = []
+    for workload in workloads:
+        prompt_ids = [engine.encode(p) for p in load_workload(workload)[:prompts_per_workload]]
+        for temperature in temperatures:
+            params = SamplingParams(temperature=temperature)
+            per_rep: list[list[tuple[int, float, Stats | None]]] = []
+            for rep in range(reps):
+                order = methods[rep % len(methods):] + methods[: rep % len(methods)]
+                results = {id(m): [] for m in methods}
+                for i, ids in enumerate(prompt_ids):
+                    for m in order:
+                        results[id(m)].append(m.run(ids, params, max_new_tokens, 1000 * rep + i))
+                        if progress is not None:
+                            progress.update(1)
+                per_rep.append([_total(results[id(m)]) for m in methods])
+            rows += _rows(workload, temperature, methods, per_rep, cost)
+    return rows
+
+
+def _total(runs: list[tuple[int, float, Stats | None]]) -> tuple[int, float, Stats | None]:
+    stats = None
+    if runs[0][2] is not None:
+        stats = Stats()
+        for _, _, s in runs:
+            stats = stats.merge(s)
+    return sum(r[0] for r in runs), sum(r[1] for r in runs), stats
+
+
+def _rows(workload, temperature, methods, per_rep, cost) -> list[dict]:
+    tps = [[n / s for n, s, _ in rep] for rep in per_rep]  # [rep][method]
+    hf_plain = next((i for i, m in enumerate(methods) if m.method == "hf-plain"), None)
+    rows = []
+    for j, m in enumerate(methods):
+        merged = None
+        for rep in per_rep:
+            if rep[j][2] is not None:
+                merged = rep[j][2] if merged is None else merged.merge(rep[j][2])
+        predicted = None
+        if m.method == "exactspec-spec" and isinstance(m.gamma, int) and merged.alpha is not None:
+            predicted = cost[m.drafter].predicted_speedup(merged.alpha, m.gamma)
+        elif m.method == "exactspec-plain":
+            predicted = 1.0
+        rows.append({
+            "workload": workload, "temperature": temperature, "method": m.method, "drafter": m.drafter,
+            "gamma": m.gamma, "tokens_per_s": statistics.median(r[j] for r in tps),
+            "speedup_vs_plain": statistics.median(r[j] / r[0] for r in tps),
+            "speedup_vs_hf_plain": statistics.median(r[j] / r[hf_plain] for r in tps) if hf_plain is not None else None,
+            "acceptance_rate": merged.acceptance_rate if merged else None,
+            "tokens_per_target_call": merged.tokens_per_target_call if merged else None,
+            "predicted_speedup": predicted,
+        })
+    return rows
+
+
+def to_markdown(rows: list[dict]) -> str:
+    def f(x, fmt="{:.2f}"):
+        return "–" if x is None else fmt.format(x)
+
+    lines = ["| workload | T | method | drafter | γ | tokens/s | vs our plain | vs HF plain | acceptance | tokens/call | predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
+                     f"{'–' if r['gamma'] is None else r['gamma']} | {f(r['tokens_per_s'], '{:.1f}')} | "
+                     f"{f(r['speedup_vs_plain'])}× | {f(r['speedup_vs_hf_plain'])}× | {f(r['acceptance_rate'])} | "
+                     f"{f(r['tokens_per_target_call'])} | {f(r['predicted_speedup'])} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Measured and predicted speed-up vs γ, per drafter, one panel per workload x temperature."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["workload"], r["temperature"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (workload, temperature) in zip(axes[0], panels):
+        spec = [r for r in rows if (r["workload"], r["temperature"]) == (workload, temperature)
+                and r["method"] == "exactspec-spec" and isinstance(r["gamma"], int)]
+        for drafter in sorted({r["drafter"] for r in spec}):
+            pts = sorted((r["gamma"], r["speedup_vs_plain"], r["predicted_speedup"]) for r in spec if r["drafter"] == drafter)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{drafter} measured")
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=line.get_color(), label=f"{drafter} predicted")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(title=f"{workload}, T={temperature:g}", xlabel="γ", ylabel="speed-up vs plain")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def run_batch_bench(engine: Engine, batches: list[int], workload: str, temperature: float, drafter: str,
+                    gamma: int | str, max_new_tokens: int, reps: int) -> list[dict]:
+    """Throughput of B rows (B different prompts of the workload, cycled): batched speculative,
+    batched plain, and the same B rows one after another, speculative and plain; interleaved."""
+    prompts = load_workload(workload)
+    kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, draft=drafter, seed=0)
+    methods = {
+        "batched-spec": lambda ps: engine.generate_batch(ps, gamma=gamma, **kwargs),
+        "batched-plain": lambda ps: engine.generate_batch(ps, gamma=0, **kwargs),
+        "sequential-spec": lambda ps: _one_by_one(engine, ps, gamma, kwargs),
+        "sequential-plain": lambda ps: _one_by_one(engine, ps, 0, kwargs),
+    }
+    rows = []
+    for batch in batches:
+        chosen = [prompts[i % len(prompts)] for i in range(batch)]
+        tps: dict[str, list[float]] = {m: [] for m in methods}
+        for _ in range(reps):
+            for name, fn in methods.items():
+                t = time.perf_counter()
+                results, _ = fn(chosen)
+                tps[name].append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - t))
+        for name in methods:
+            rows.append({"batch": batch, "method": name, "drafter": drafter if "spec" in name else None,
+                         "gamma": gamma if "spec" in name else 0, "tokens_per_s": statistics.median(tps[name]),
+                         "speedup_vs_sequential_plain": statistics.median(
+                             a / b for a, b in zip(tps[name], tps["sequential-plain"]))})
+    return rows
+
+
+def _one_by_one(engine: Engine, prompts: list[str], gamma, kwargs) -> tuple[list, None]:
+    return [engine.generate(p, gamma=gamma, **kwargs) for p in prompts], None
+
+
+def batch_table(rows: list[dict]) -> str:
+    lines = ["| batch | method | drafter | γ | tokens/s | vs sequential plain |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['method']} | {r['drafter'] or '–'} | {r['gamma']} | "
+                     f"{r['tokens_per_s']:.1f} | {r['speedup_vs_sequential_plain']:.2f}× |")
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""A lean Llama-family forward over the weights of a loaded transformers model (gpt-fast style).
+
+Why: on a small CPU the transformers forward spends most of a decode step in Python and framework
+overhead, not in matmuls. This module runs the same arithmetic with fused q/k/v and gate/up
+projections and a preallocated KV cache whose rollback is a length pointer. Supported: model types
+`llama`, `mistral` (without an active sliding window) and `qwen2` (q/k/v biases); anything else uses
+the transformers adapter. Its logits match transformers' to float32 rounding (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ExactSpecError
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+
+
+def supports(module: torch.nn.Module) -> bool:
+    config = module.config
+    window = getattr(config, "sliding_window", None)
+    return (config.model_type in SUPPORTED and not getattr(config, "use_sliding_window", False)
+            and (window is None or config.model_type != "mistral" or window >= config.max_position_embeddings)
+            and getattr(config, "hidden_act", "silu") == "silu")
+
+
+class Layer:
+    def __init__(self, hf_layer: torch.nn.Module):
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        self.norm1 = hf_layer.input_layernorm.weight.detach()
+        self.norm2 = hf_layer.post_attention_layernorm.weight.detach()
+        self.wqkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()  # [(H+2Hkv)·d, D]
+        biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+        self.bqkv = torch.cat(biases).detach() if biases[0] is not None else None
+        self.wo = attn.o_proj.weight.detach()  # [D, H·d]
+        self.w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()  # [2I, D]
+        self.w_down = mlp.down_proj.weight.detach()  # [D, I]
+
+
+class FastLlamaLM:
+    """`CausalLM` over a Llama-family transformers module (weights shared, not copied).
+
+    The KV cache holds B rows, each with its own length: row b's next token goes to position
+    lengths[b], and a query attends only to its own row's positions up to itself. Rows therefore
+    advance, roll back, leave or are duplicated independently (batched speculative decoding with
+    uneven acceptance). The `CausalLM` methods are the B = 1 view.
+    """
+
+    def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None, capacity: int = 1024):
+        if not supports(module):
+            raise ExactSpecError(f"fast path does not support model type {module.config.model_type!r}")
+        config = module.config
+        self.module = module
+        self.layers = [Layer(layer) for layer in module.model.layers]
+        self.embed = module.model.embed_tokens.weight.detach()  # [V, D]
+        self.final_norm = module.model.norm.weight.detach()
+        self.lm_head = module.lm_head.weight.detach()  # [V, D]
+        self.eps = config.rms_norm_eps
+        self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        rotary = module.model.rotary_emb
+        self.inv_freq = rotary.inv_freq.float()  # [d/2]
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.vocab_size = int(self.lm_head.shape[0])
+        eos = eos_token_ids if eos_token_ids is not None else getattr(module.generation_config, "eos_token_id", None)
+        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple, set)) else ([eos] if eos is not None else []))
+        self.max_length = int(config.max_position_embeddings)
+        self.dtype = self.embed.dtype
+        self.initial_capacity = min(capacity, self.max_length)
+        self.reset()
+
+    # --- cache -------------------------------------------------------------------------------
+    def _new_cache(self, batch: int, capacity: int) -> torch.Tensor:
+        return torch.zeros(len(self.layers), batch, self.n_kv, capacity, self.head_dim, dtype=self.dtype)  # [L,B,Hkv,T,d]
+
+    def reset(self, batch: int = 1) -> None:
+        """Empty cache with `batch` rows."""
+        self.k_cache = self._new_cache(batch, self.initial_capacity)
+        self.v_cache = self._new_cache(batch, self.initial_capacity)
+        self.lengths = torch.zeros(batch, dtype=torch.long)  # [B]
+
+    def _ensure_capacity(self, needed: int) -> None:
+        capacity = self.k_cache.shape[3]
+        if needed > capacity:
+            new = min(max(needed, 2 * capacity), self.max_length)
+            for name in ("k_cache", "v_cache"):
+                old = getattr(self, name)
+                grown = self._new_cache(old.shape[1], new)
+                grown[:, :, :, :capacity] = old
+                setattr(self, name, grown)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.lengths[0])
+
+    def truncate(self, length: int) -> None:
+        self.truncate_rows(torch.tensor([length]))
+
+    def truncate_rows(self, lengths: torch.Tensor) -> None:
+        """lengths [B]: keep the first lengths[b] positions of each row."""
+        if (lengths < 0).any() or (lengths > self.lengths).any():
+            raise ValueError(f"cannot truncate to {lengths.tolist()}: {self.lengths.tolist()} tokens cached")
+        self.lengths = lengths.clone()
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep (or repeat) the given rows, in that order: finished rows leave, samples share a prefill."""
+        self.k_cache, self.v_cache = self.k_cache[:, rows], self.v_cache[:, rows]
+        self.lengths = self.lengths[rows]
+
+    # --- forward -----------------------------------------------------------------------------
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, k] -> cos, sin [B, 1, k, d]."""
+        freqs = positions[..., None].float() * self.inv_freq  # [B, k, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, k, d]
+        return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(self, new_ids: torch.Tensor) -> torch.Tensor:
+        """new_ids [B, k] -> logits [B, k, V]; every row appends k positions at its own length."""
+        return self.forward_rows(new_ids)
+
+    @torch.inference_mode()
+    def forward_rows(self, new_ids: torch.Tensor) -> torch.Tensor:
+        B, k = new_ids.shape
+        if B != self.batch_size:
+            raise ValueError(f"got {B} rows for a cache of {self.batch_size}")
+        end = int(self.lengths.max()) + k
+        if end > self.max_length:
+            raise ExactSpecError(f"context length {end} exceeds the model's {self.max_length} tokens")
+        self._ensure_capacity(end)
+        H, Hkv, d = self.n_heads, self.n_kv, self.head_dim
+        positions = self.lengths[:, None] + torch.arange(k)  # [B, k]
+        cos, sin = self._rope(positions)
+        rows = torch.arange(B)[:, None]  # [B, 1]
+        if B == 1 and k == 1:
+            mask = None  # the single query sees the whole (exactly sized) cache
+        else:  # query at position p sees its row's positions <= p
+            mask = (torch.arange(end) <= positions[..., None])[:, None]  # [B, 1, k, end]
+        x = F.embedding(new_ids, self.embed)  # [B, k, D]
+        for i, layer in enumerate(self.layers):
+            h = self._rms(x, layer.norm1)
+            q, kk, v = F.linear(h, layer.wqkv, layer.bqkv).split([H * d, Hkv * d, Hkv * d], dim=-1)
+            q = self._rotate(q.view(B, k, H, d).transpose(1, 2), cos, sin)  # [B, H, k, d]
+            kk = self._rotate(kk.view(B, k, Hkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, k, d]
+            self.k_cache[i][rows, :, positions] = kk.transpose(1, 2)  # index -> [B, k, Hkv, d]
+            self.v_cache[i][rows, :, positions] = v.view(B, k, Hkv, d)
+            keys, values = self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end]  # [B, Hkv, end, d]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=H != Hkv)
+            x = x + F.linear(attn.transpose(1, 2).reshape(B, k, H * d), layer.wo)
+            gate, up = F.linear(self._rms(x, layer.norm2), layer.w_gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        self.lengths = self.lengths + k
+        return F.linear(self._rms(x, self.final_norm), self.lm_head).float()  # [B, k, V]

@@ -1,0 +1,199 @@
+"""llama.cpp adapter: a GGUF file run by llama-cpp-python's low-level API (optional extra: `make llamacpp`).
+
+The model and context are created by `llama_cpp.Llama` (so its loading, logging and defaults apply);
+decoding then bypasses its high-level state: our own `llama_batch` asks for logits at EVERY position
+(k new tokens -> one `llama_decode` -> [k, V] logits), and rollback is `llama_memory_seq_rm(seq 0,
+[length, inf))`. llama.cpp reuses the freed KV cells from the lowest one, so after a rollback the cache
+layout is the one a fresh evaluation would have (tested: logits equal a fresh evaluation).
+
+Threads: llama.cpp uses `n_threads` for single-token batches and `n_threads_batch` for larger ones; we
+set both to the same number, or plain decoding (1 token) and verification (γ+1 tokens) would run on
+different thread counts and the cost model would compare unlike things.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import torch
+
+from ..errors import ExactSpecError
+
+INSTALL_HINT = "llama-cpp-python is not installed: install the llamacpp extra: make llamacpp"
+DEFAULT_N_CTX = 4096
+
+
+def _import():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ExactSpecError(INSTALL_HINT) from None
+    return llama_cpp
+
+
+def default_threads() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def check_gguf_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise ExactSpecError(f"model path not found: {path}")
+    if not os.path.isfile(path):
+        raise ExactSpecError(f"the llama.cpp backend needs a .gguf file, not a directory: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
+
+
+class LlamaCppLM:
+    """`CausalLM` (batch 1, sequence 0) over a llama.cpp context."""
+
+    def __init__(self, path: str, n_ctx: int | None = None, threads: int | None = None,
+                 eos_token_ids: set[int] | None = None, n_batch: int = 512):
+        llama_cpp = _import()
+        check_gguf_file(path)
+        self._lib = llama_cpp
+        self.path = path
+        self.threads = threads or default_threads()
+        train_ctx = _train_context(path)
+        want = n_ctx or (min(DEFAULT_N_CTX, train_ctx) if train_ctx > 0 else DEFAULT_N_CTX)
+        self.n_batch = max(1, min(n_batch, want))
+        try:
+            self.llama = llama_cpp.Llama(
+                model_path=path, n_ctx=want, n_batch=self.n_batch, n_ubatch=self.n_batch,
+                n_threads=self.threads, n_threads_batch=self.threads, logits_all=False, verbose=False)
+        except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError for unreadable models
+            raise ExactSpecError(f"llama.cpp cannot load {path}: {str(e)[:200]}") from None
+        self.ctx = self.llama.ctx
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
+        self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        if eos_token_ids is None:
+            eos_token_ids = {t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0}
+        self.eos_token_ids = set(eos_token_ids)
+        # llama.cpp pads n_ctx up to a multiple of 256; never go past what was asked for
+        self.max_length = min(want, int(llama_cpp.llama_n_ctx(self.ctx)))
+        self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._length = 0
+        self.reset()
+
+    # --- cache -------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._lib.llama_memory_clear(self.memory, True)
+        self._length = 0
+        self.llama.n_tokens = 0  # the high-level Llama object must not reuse a "cached prefix" it did not write
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot truncate to {length}: {self._length} tokens cached")
+        if length < self._length:
+            if not self._lib.llama_memory_seq_rm(self.memory, 0, length, -1):
+                raise ExactSpecError("llama.cpp cannot roll back this model's memory (recurrent model?)")
+            self._length = length
+
+    # --- forward -----------------------------------------------------------------------------
+    def forward(self, new_ids: torch.Tensor) -> torch.Tensor:
+        """new_ids [1, k] -> logits [1, k, V] float32; appends k positions to the cache."""
+        ids = new_ids.reshape(-1).tolist()
+        k, V = len(ids), self.vocab_size
+        if self._length + k > self.max_length:
+            raise ExactSpecError(f"context length {self._length + k} exceeds the model's {self.max_length} tokens")
+        out = np.empty((k, V), dtype=np.float32)
+        batch, lib = self.batch, self._lib
+        for start in range(0, k, self.n_batch):
+            chunk = ids[start:start + self.n_batch]
+            n = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = self._length + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1
+            batch.n_tokens = n
+            rc = lib.llama_decode(self.ctx, batch)
+            if rc != 0:
+                # a failed decode may leave part of the batch in the cache: drop it
+                lib.llama_memory_seq_rm(self.memory, 0, self._length, -1)
+                raise ExactSpecError(f"llama_decode failed (code {rc}) at position {self._length}")
+            logits = lib.llama_get_logits(self.ctx)
+            out[start:start + n] = np.ctypeslib.as_array(logits, shape=(n * V,)).reshape(n, V)
+            self._length += n
+        return torch.from_numpy(out)[None]
+
+    def close(self) -> None:
+        if getattr(self, "batch", None) is not None:
+            self._lib.llama_batch_free(self.batch)
+            self.batch = None
+        if getattr(self, "llama", None) is not None:
+            self.llama.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _train_context(path: str) -> int:
+    """`{arch}.context_length` from the GGUF header (0 if absent or unreadable). Reads key by key and
+    stops there, before the tokenizer arrays (gguf.GGUFReader parses them all: seconds per file)."""
+    import struct
+
+    def read(f, fmt):
+        size = struct.calcsize(fmt)
+        return struct.unpack(fmt, f.read(size))[0]
+
+    def string(f):
+        return f.read(read(f, "<Q")).decode("utf-8", "replace")
+
+    def skip(f, vtype):
+        if vtype in _SCALAR:
+            f.seek(struct.calcsize(_SCALAR[vtype]), 1)
+        elif vtype == 8:
+            f.seek(read(f, "<Q"), 1)
+        elif vtype == 9:
+            item, count = read(f, "<I"), read(f, "<Q")
+            if item in _SCALAR:
+                f.seek(count * struct.calcsize(_SCALAR[item]), 1)
+            else:
+                for _ in range(count):
+                    skip(f, item)
+        else:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF" or read(f, "<I") < 2:
+                return 0
+            read(f, "<Q")  # tensor count
+            arch = None
+            for _ in range(read(f, "<Q")):
+                key, vtype = string(f), read(f, "<I")
+                if key == "general.architecture" and vtype == 8:
+                    arch = string(f)
+                elif arch is not None and key == f"{arch}.context_length" and vtype in _SCALAR:
+                    return int(read(f, _SCALAR[vtype]))
+                else:
+                    skip(f, vtype)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        pass
+    return 0
+
+
+def load_llama_cpp(path: str, n_ctx: int | None = None, threads: int | None = None,
+                   eos_token_ids: set[int] | None = None) -> LlamaCppLM:
+    """A GGUF file as a `CausalLM` on llama.cpp. ExactSpecError (one line) if llama-cpp-python is
+    missing or the file cannot be loaded."""
+    return LlamaCppLM(path, n_ctx=n_ctx, threads=threads, eos_token_ids=eos_token_ids)

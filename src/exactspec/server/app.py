@@ -1,0 +1,211 @@
+"""The OpenAI-compatible HTTP app: chat and text completions (streaming or not), models, health, metrics.
+
+The event loop only parses, tokenises, validates and relays; the model runs on the app's single
+worker thread (see worker.py), one sample at a time in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine import Engine, GenerationResult
+from ..errors import ExactSpecError
+from ..sampling import SamplingParams
+from .metrics import Metrics
+from .responses import Shapes, error_body, sse
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .worker import Job, Worker
+
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+CLIENT_CLOSED = 499  # nginx's status for a client that left before the response was complete
+
+
+class ApiError(Exception):
+    """A request the server refuses: rendered as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+
+
+def create_app(engine: Engine, model_name: str = "exactspec") -> FastAPI:
+    """An app serving `engine` under `model_name`; it starts its worker thread on startup."""
+    metrics = Metrics()
+    worker = Worker(engine, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        yield
+        worker.stop()
+
+    app = FastAPI(title="exactspec", summary="exact speculative decoding, OpenAI-compatible", lifespan=lifespan)
+    app.state.engine, app.state.worker, app.state.metrics = engine, worker, metrics
+    started = int(time.time())
+
+    def refuse(request: Request, error: ApiError) -> JSONResponse:
+        if request.url.path in (CHAT, TEXT):
+            metrics.observe_request(request.url.path, error.status)
+        return JSONResponse(error_body(error.message, error.param, error.code, error.type), status_code=error.status)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return refuse(request, error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        return refuse(request, _validation_error(error))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return refuse(request, ApiError(error.status_code, str(error.detail), code=str(error.status_code)))
+
+    def plan(body: GenerationRequest, prompt: str | list[dict], chat_template: bool | None, budget: int | None,
+             prompt_param: str, budget_param: str) -> list[Job]:
+        """Tokenise and check a request; one job per sample."""
+        sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p)
+        try:
+            SamplingParams(**sampling)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        try:
+            ids = engine.new_result(prompt, chat_template).prompt_token_ids
+        except Exception as e:  # ExactSpecError, or a chat template refusing the messages (jinja2 errors)
+            raise ApiError(400, f"cannot encode the prompt: {e}", prompt_param) from None
+        context = engine.target.max_length
+        if not ids:
+            raise ApiError(400, "the prompt is empty", prompt_param)
+        if len(ids) >= context:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {context} tokens",
+                           prompt_param, "context_length_exceeded")
+        if budget is not None and budget > context:
+            raise ApiError(400, f"{budget_param} is {budget}; this model's context is {context} tokens", budget_param)
+        options = dict(max_new_tokens=budget or context - len(ids), stop=body.stop_list(), gamma=body.gamma,
+                       **sampling)
+        return [Job(GenerationResult("", [], ids, "length"),
+                    {**options, "seed": None if body.seed is None else body.seed + i}) for i in range(body.n)]
+
+    async def complete(request: Request, body: GenerationRequest, endpoint: str, jobs: list[Job]) -> Response:
+        shapes, start = Shapes(endpoint == CHAT, model_name), time.perf_counter()
+        prompt_tokens = len(jobs[0].result.prompt_token_ids)
+        if body.stream:
+            return StreamingResponse(stream(shapes, body, endpoint, jobs, start), media_type="text/event-stream")
+        metrics.running.inc()
+        try:
+            completed = await _unless_disconnected(request, run_all(jobs))
+        except Exception as e:
+            raise _job_error(e) from None  # rendered and counted by the ApiError handler
+        finally:
+            metrics.running.dec()
+        metrics.observe_request(endpoint, 200 if completed else CLIENT_CLOSED, time.perf_counter() - start)
+        if not completed:
+            return Response(status_code=CLIENT_CLOSED)
+        return JSONResponse(shapes.response(prompt_tokens, [job.result for job in jobs]))
+
+    async def run_all(jobs: list[Job]) -> None:
+        for job in jobs:
+            async for _ in worker.generate(job):
+                pass
+
+    async def stream(shapes: Shapes, body: GenerationRequest, endpoint: str, jobs: list[Job],
+                     start: float) -> AsyncIterator[str]:
+        metrics.running.inc()
+        status = CLIENT_CLOSED  # until [DONE] is on its way
+        try:
+            for index, job in enumerate(jobs):
+                yield sse(shapes.chunk(index, first=True))
+                async for piece in worker.generate(job):
+                    yield sse(shapes.chunk(index, piece))
+                yield sse(shapes.chunk(index, finish_reason=job.result.finish_reason))
+            if body.include_usage:
+                yield sse(shapes.usage_chunk(len(jobs[0].result.prompt_token_ids), [job.result for job in jobs]))
+            status = 200
+        except Exception as e:  # the response has started: report the error in-band
+            error = _job_error(e)
+            status = error.status
+            yield sse(error_body(error.message, error.param, error.code, error.type))
+        finally:
+            metrics.running.dec()
+            metrics.observe_request(endpoint, status, time.perf_counter() - start)
+        yield sse("[DONE]")
+
+    @app.post(CHAT)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        """OpenAI chat completions; `top_k`, `min_p` and `gamma` are extensions."""
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        jobs = plan(body, body.chat(), None, body.token_budget(), "messages", param)
+        return await complete(request, body, CHAT, jobs)
+
+    @app.post(TEXT)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        """OpenAI (legacy) text completions: the prompt is fed as raw text, no chat template."""
+        jobs = plan(body, body.text(), False, body.token_budget(), "prompt", "max_tokens")
+        return await complete(request, body, TEXT, jobs)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        """The one model this server runs."""
+        return {"object": "list",
+                "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "exactspec"}]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """200 while the worker thread runs; `queued` is the number of samples waiting for it."""
+        ok = worker.alive
+        return JSONResponse({"status": "ok" if ok else "worker stopped", "model": model_name, "queued": worker.queued},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus text exposition of this app's registry."""
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    return app
+
+
+def _validation_error(error: RequestValidationError) -> ApiError:
+    """FastAPI's first validation problem as an OpenAI-style 400."""
+    first = error.errors()[0]
+    if first["type"] == "json_invalid":
+        return ApiError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}")
+    loc = [str(part) for part in first["loc"][1:]]  # drop "body"
+    where = ".".join(loc)
+    return ApiError(400, f"{where}: {first['msg']}" if where else first["msg"], loc[0] if loc else None)
+
+
+def _job_error(e: Exception) -> ApiError:
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, ExactSpecError):
+        return ApiError(400, str(e))
+    return ApiError(500, f"generation failed: {type(e).__name__}: {e}", type_="server_error")
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
+    """Await `work`, cancelling it if the client disconnects first; True if it completed."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        return False
+    task.result()  # re-raises a failed job's exception
+    return True
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

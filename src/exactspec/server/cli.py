@@ -1,0 +1,54 @@
+"""`exactspec serve`: load the engine once and serve it over HTTP with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..errors import ExactSpecError
+
+
+def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `serve` on the CLI's subparsers; its handler is `args.func`."""
+    from ..cli import _add_model_args  # the same model options that `load_engine` reads
+
+    p = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics. "
+                    "One worker thread runs one sample at a time, in arrival order.")
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--model-name", default=None, metavar="NAME",
+                   help="model id reported by /v1/models and in responses (default: the target's file name)")
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Check the options, load the engine, then serve until interrupted."""
+    from ..cli import load_engine
+    from ..engine import check_gamma
+
+    args.gamma = check_gamma(args.gamma)
+    if not 0 < args.port < 65536:
+        raise ExactSpecError(f"--port must be in 1..65535, got {args.port}")
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as e:
+        raise ExactSpecError(f"the server needs its extra dependencies ({e.name} is missing): "
+                             "pip install 'exactspec[server]'") from None
+    engine = load_engine(args)
+    uvicorn.run(create_app(engine, model_name=args.model_name or default_model_name(args.target)),
+                host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def default_model_name(target: str | None) -> str:
+    """The target's file or directory name without `.gguf` (the embedded model's when `target` is None)."""
+    from ..embedded import FILE
+
+    name = os.path.basename(os.path.normpath(target)) if target else FILE
+    return name.removesuffix(".gguf")

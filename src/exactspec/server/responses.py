@@ -1,0 +1,86 @@
+"""OpenAI response and stream-chunk shapes for chat and text completions, plus the error object."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from ..engine import GenerationResult
+from ..stats import Stats
+
+
+def error_body(message: str, param: str | None = None, code: str | None = None,
+               type_: str = "invalid_request_error") -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def sse(data: dict | str) -> str:
+    """One server-sent event."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def speculative(stats: Stats) -> dict:
+    """The `speculative` extension: how much drafting saved."""
+    return {
+        "proposed": stats.proposed,
+        "accepted": stats.accepted,
+        "acceptance_rate": stats.acceptance_rate,
+        "target_calls": stats.target_calls,
+        "tokens_per_target_call": stats.tokens_per_target_call,
+    }
+
+
+def usage(prompt_tokens: int, results: list[GenerationResult]) -> dict:
+    completion = sum(len(r.token_ids) for r in results)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def merged_stats(results: list[GenerationResult]) -> Stats:
+    total = Stats()
+    for r in results:
+        total = total.merge(r.stats)
+    return total
+
+
+class Shapes:
+    """Builds the bodies of one response (one id and timestamp), chat or text flavoured."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, object_: str, choices: list[dict], **extra) -> dict:
+        return {"id": self.id, "object": object_, "created": self.created, "model": self.model,
+                "choices": choices, **extra}
+
+    def response(self, prompt_tokens: int, results: list[GenerationResult]) -> dict:
+        """The whole (non-streaming) response."""
+        choices = []
+        for index, r in enumerate(results):
+            choice = {"index": index, "logprobs": None, "finish_reason": r.finish_reason}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": r.text}
+            else:
+                choice["text"] = r.text
+            choices.append(choice)
+        return self._envelope("chat.completion" if self.chat else "text_completion", choices,
+                              usage=usage(prompt_tokens, results), speculative=speculative(merged_stats(results)))
+
+    def chunk(self, index: int, text: str = "", finish_reason: str | None = None, first: bool = False) -> dict:
+        """A stream chunk for choice `index`: the first one of a chat choice also carries the role."""
+        choice = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice["delta"] = delta
+            return self._envelope("chat.completion.chunk", [choice])
+        choice["text"] = text
+        return self._envelope("text_completion", [choice])
+
+    def usage_chunk(self, prompt_tokens: int, results: list[GenerationResult]) -> dict:
+        """The last chunk when `stream_options.include_usage` is set: no choices, usage and stats."""
+        object_ = "chat.completion.chunk" if self.chat else "text_completion"
+        return self._envelope(object_, [], usage=usage(prompt_tokens, results),
+                              speculative=speculative(merged_stats(results)))

@@ -1,0 +1,94 @@
+"""The paper calculator (Table 1), the cost-model arithmetic and the auto-gamma policy — injected
+costs, no timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from exactspec import theory
+from exactspec.costmodel import AutoGamma, CostModel
+
+
+@pytest.mark.parametrize("alpha,gamma,ops,walltime", theory.PAPER_TABLE_1)
+def test_paper_table_1(alpha, gamma, ops, walltime):
+    assert round(theory.arithmetic_factor(alpha, gamma), 2) == ops
+    assert round(theory.walltime_factor(alpha, gamma), 2) == walltime
+
+
+def test_expected_tokens_edges():
+    assert theory.expected_tokens(0.0, 5) == 1.0
+    assert theory.expected_tokens(1.0, 5) == 6.0
+    assert theory.expected_tokens(0.5, 0) == 1.0
+    with pytest.raises(ValueError):
+        theory.expected_tokens(1.5, 2)
+
+
+def test_optimal_gamma_grows_with_alpha_and_shrinks_with_cost():
+    assert theory.optimal_gamma(0.9, c=0.01) > theory.optimal_gamma(0.6, c=0.01) >= 1
+    assert theory.optimal_gamma(0.8, c=0.5) < theory.optimal_gamma(0.8, c=0.05)
+    assert theory.optimal_gamma(0.1, c=1.0) == 0
+
+
+def test_flat_costs_reduce_to_theorem_3_8():
+    cost = CostModel(target_s=[0.1] * 9, draft_s_per_token=0.01)  # c = 0.1, T flat
+    for alpha in (0.3, 0.6, 0.9):
+        for gamma in range(9):
+            assert cost.predicted_speedup(alpha, gamma) == pytest.approx(theory.walltime_factor(alpha, gamma, 0.1))
+
+
+def test_rising_verification_cost_lowers_prediction():
+    cost = CostModel(target_s=[0.1, 0.2, 0.3, 0.4], draft_s_per_token=0.0)  # T(k) = k · T(1)
+    # emitting E tokens per iteration costs T(γ+1) = (γ+1) steps: speculation can never win
+    assert cost.predicted_speedup(0.9, 3) == pytest.approx(theory.expected_tokens(0.9, 3) / 4)
+    assert cost.best_gamma(0.99) == 0
+    assert cost.step_cost(2) == pytest.approx(3.0)
+
+
+def test_best_gamma_uses_measured_costs():
+    cost = CostModel(target_s=[0.05, 0.055, 0.06, 0.09, 0.092, 0.094, 0.097], draft_s_per_token=0.0)
+    assert cost.best_gamma(0.05) == 0
+    assert cost.best_gamma(0.5) == 2  # before the jump at k=4
+    assert cost.best_gamma(0.95) == 6
+
+
+def test_auto_picks_zero_when_costs_say_speculation_loses():
+    auto = AutoGamma(CostModel(target_s=[0.05, 0.1, 0.15], draft_s_per_token=0.0), prior_alpha=0.9)
+    choices = [auto.next_gamma() for _ in range(100)]
+    assert choices.count(0) >= 95  # only sparse γ=1 probes
+    assert choices[:7] == [0] * 7
+
+
+def test_auto_backs_off_after_rejections_and_probes_rarely():
+    auto = AutoGamma(CostModel(target_s=[0.05, 0.06, 0.065, 0.07], draft_s_per_token=0.0), prior_alpha=0.5)
+    assert auto.next_gamma() == 2
+    for _ in range(20):  # every proposal rejected at once
+        auto.observe(3, 0)
+    choices = []
+    for _ in range(200):
+        g = auto.next_gamma()
+        choices.append(g)
+        if g:
+            auto.observe(g, 0)
+    assert sum(1 for g in choices if g) <= 5  # probes at 8, 16, 32, 64, 128 steps
+
+
+def test_auto_recovers_when_drafts_are_accepted():
+    auto = AutoGamma(CostModel(target_s=[0.05, 0.06, 0.07, 0.08], draft_s_per_token=0.0), prior_alpha=0.05)
+    assert auto.next_gamma() == 0
+    for _ in range(10):
+        auto.observe(3, 3)
+    assert auto.next_gamma() == 3 and auto.alpha > 0.8
+
+
+def test_auto_in_the_loop_is_exact_at_greedy(tiny_target):
+    import torch
+
+    from exactspec.decode import decode
+    from exactspec.drafters.ngram import PromptLookupDrafter
+    from exactspec.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0)
+    prompt = [3, 5, 2, 3, 5, 7, 2]
+    plain = list(decode(tiny_target, None, prompt, greedy, 0, 30))
+    auto = AutoGamma(CostModel(target_s=[0.05, 0.051, 0.052, 0.053], draft_s_per_token=0.0), prior_alpha=0.5)
+    assert list(decode(tiny_target, PromptLookupDrafter(), prompt, greedy, auto, 30, torch.Generator())) == plain

@@ -1,0 +1,270 @@
+"""The llama.cpp backend: greedy identity against llama.cpp's own generation, rollback = fresh evaluation,
+and Monte-Carlo exactness on a tiny GGUF written here (its exact law enumerated from llama.cpp's logits)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: make llamacpp")
+
+from exactspec.bench.llamacpp import (  # noqa: E402
+    llamacpp_engine, llamacpp_generate, llamacpp_methods, prompt_lookup_llama)
+from exactspec.drafters.model import ModelDrafter  # noqa: E402
+from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter  # noqa: E402
+from exactspec.embedded import embedded_model_path  # noqa: E402
+from exactspec.errors import ExactSpecError  # noqa: E402
+from exactspec.models.llama_cpp import LlamaCppLM, load_llama_cpp  # noqa: E402
+from exactspec.sampling import SamplingParams, warp  # noqa: E402
+from exactspec.stats import Stats  # noqa: E402
+
+from .conftest import TINY_VOCAB, tiny_llama  # noqa: E402
+from .test_exactness import LENGTH, PROMPT, always_accept, chi_square_p, sample_counts  # noqa: E402
+from .test_greedy import REAL_PROMPTS  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0)
+N_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2)
+
+
+def reference(engine, ids, n=N_NEW):
+    """llama.cpp's own greedy generation (Llama.generate on the same context)."""
+    return llamacpp_generate(engine.target.llama, ids, GREEDY, n, 0, engine.target.eos_token_ids)
+
+
+def ours(engine, ids, gamma, draft, n=N_NEW, stats=None):
+    return list(engine.stream_ids(ids, GREEDY, n, gamma, 0, stats, draft))
+
+
+# --- greedy identity on the embedded GGUF ------------------------------------------------------------
+@pytest.mark.parametrize("prompt", REAL_PROMPTS)
+def test_greedy_identity_prompt_lookup(engine, prompt):
+    ids = engine.encode(prompt)
+    ref = reference(engine, ids)
+    assert len(ref) > 0
+    assert ours(engine, ids, 0, "none") == ref, "exactspec plain decoding on llama.cpp != llama.cpp generate"
+    for gamma in range(1, 7):
+        stats = Stats()
+        assert ours(engine, ids, gamma, "prompt-lookup", stats=stats) == ref, f"gamma={gamma}"
+        assert stats.target_calls > 0
+
+
+@pytest.mark.parametrize("prompt", REAL_PROMPTS[:2])
+def test_greedy_identity_bigram(engine, prompt):
+    ids = engine.encode(prompt)
+    ref = reference(engine, ids, 24)
+    for gamma in range(1, 7):
+        stats = Stats()
+        assert ours(engine, ids, gamma, "bigram", n=24, stats=stats) == ref, f"gamma={gamma}"
+        assert stats.proposed > 0
+
+
+def test_greedy_identity_auto_gamma(engine):
+    ids = engine.encode(REAL_PROMPTS[1])
+    assert ours(engine, ids, "auto", "prompt-lookup") == reference(engine, ids)
+
+
+def test_llama_cpp_prompt_lookup_anchor_is_greedy_identical(engine):
+    """The llamacpp-prompt-lookup bench row decodes the same tokens (so its speed is comparable)."""
+    ids = engine.encode(REAL_PROMPTS[1])
+    llama = prompt_lookup_llama(engine.target)
+    assert llamacpp_generate(llama, ids, GREEDY, N_NEW, 0, engine.target.eos_token_ids) == reference(engine, ids)
+    methods = llamacpp_methods(engine, prompt_lookup=False)
+    n, seconds, stats = methods[0].run(ids, GREEDY, 8, 0)
+    assert methods[0].method == "llamacpp-plain" and n == 8 and seconds > 0 and stats is None
+
+
+def test_tokenizer_agrees_with_llama_cpp(engine):
+    """The HF tokenizer read from the GGUF and llama.cpp's own tokenizer give the same ids."""
+    llama = engine.target.llama
+    for prompt in REAL_PROMPTS:
+        chat = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                    add_generation_prompt=True)
+        for text in (prompt, chat):
+            assert engine.tokenizer.encode(text, add_special_tokens=False) == llama.tokenize(
+                text.encode(), add_bos=False, special=True)
+        assert engine.encode(prompt, chat_template=False) == llama.tokenize(prompt.encode(), special=True)
+
+
+def test_adapter_properties(engine):
+    lm = engine.target
+    assert lm.vocab_size == llama_cpp.llama_n_vocab(llama_cpp.llama_model_get_vocab(lm.llama.model))
+    assert lm.vocab_size == len(engine.tokenizer.get_vocab())
+    assert engine.tokenizer.eos_token_id in lm.eos_token_ids
+    assert lm.max_length == 1024
+
+
+# --- rollback ----------------------------------------------------------------------------------------
+def test_rollback_equals_fresh_evaluation(engine):
+    lm = engine.target
+    a = engine.encode(REAL_PROMPTS[0])
+    x, y = a[3:9], a[10:14]  # 6 tokens to forget, then 4 others
+    lm.reset()
+    whole = lm.forward(torch.tensor([a]))
+    assert whole.shape == (1, len(a), lm.vocab_size) and whole.dtype == torch.float32 and lm.length == len(a)
+    lm.forward(torch.tensor([x]))
+    assert lm.length == len(a) + len(x)
+    lm.truncate(len(a))
+    got = lm.forward(torch.tensor([y]))
+    lm.reset()
+    fresh = lm.forward(torch.tensor([a + y]))
+    torch.testing.assert_close(got, fresh[:, len(a):], atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(whole, fresh[:, : len(a)], atol=1e-3, rtol=1e-4)
+    # roll back deep into the prompt, several times, with one-token and multi-token feeds
+    for cut in (len(a) - 7, 1, len(a) - 1):
+        lm.truncate(cut)
+        assert lm.length == cut
+        part = lm.forward(torch.tensor([a[cut:cut + 1]]))
+        rest = lm.forward(torch.tensor([a[cut + 1:] + y]))
+        torch.testing.assert_close(torch.cat([part, rest], 1), fresh[:, cut:], atol=1e-3, rtol=1e-4)
+    lm.reset()
+    assert lm.length == 0
+
+
+def test_adapter_errors(engine, tmp_path):
+    lm = engine.target
+    lm.reset()
+    lm.forward(torch.tensor([[1, 2, 3]]))
+    with pytest.raises(ValueError):
+        lm.truncate(4)
+    with pytest.raises(ExactSpecError, match="exceeds"):
+        lm.forward(torch.zeros((1, lm.max_length), dtype=torch.long))
+    assert lm.length == 3
+    lm.reset()
+    with pytest.raises(ExactSpecError, match="not found"):
+        load_llama_cpp(str(tmp_path / "missing.gguf"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ExactSpecError, match="bad magic"):
+        load_llama_cpp(str(bad))
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(open(embedded_model_path(), "rb").read(4096))
+    with pytest.raises(ExactSpecError, match="llama.cpp cannot load"):
+        load_llama_cpp(str(truncated))
+
+
+# --- statistical exactness on a tiny GGUF ------------------------------------------------------------
+def write_tiny_gguf(module: torch.nn.Module, path) -> str:
+    """A transformers Llama (tests' tiny random one) as an f32 GGUF that llama.cpp loads: llama
+    architecture, a minimal SentencePiece-type vocabulary, q/k rows permuted to llama.cpp's RoPE layout."""
+    import gguf
+
+    cfg = module.config
+    n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = cfg.hidden_size // n_head
+
+    def w(t: torch.Tensor) -> np.ndarray:
+        return t.detach().float().numpy().copy()
+
+    def permute(t: torch.Tensor, heads: int) -> np.ndarray:  # as convert_hf_to_gguf.py LlamaModel.permute
+        x = w(t)
+        return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    vocab = cfg.vocab_size
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, vocab)])
+    writer.add_token_scores([0.0] * vocab)
+    writer.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                           + [gguf.TokenType.NORMAL] * (vocab - 3))
+    writer.add_tensor("token_embd.weight", w(module.model.embed_tokens.weight))
+    writer.add_tensor("output_norm.weight", w(module.model.norm.weight))
+    writer.add_tensor("output.weight", w(module.lm_head.weight))
+    for i, layer in enumerate(module.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", w(layer.input_layernorm.weight))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", permute(attn.q_proj.weight, n_head))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", permute(attn.k_proj.weight, n_kv))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", w(attn.v_proj.weight))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", w(attn.o_proj.weight))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", w(layer.post_attention_layernorm.weight))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(mlp.gate_proj.weight))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(mlp.up_proj.weight))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(mlp.down_proj.weight))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_modules():
+    return tiny_llama(0), tiny_llama(1, sharpness=4.0, layers=1)  # the same weights as conftest's tiny pair
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_modules, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    target, draft = (write_tiny_gguf(m, folder / f"{name}.gguf") for m, name in zip(tiny_modules, ("target", "draft")))
+    return (LlamaCppLM(target, threads=1, eos_token_ids=set()), LlamaCppLM(draft, threads=1, eos_token_ids=set()))
+
+
+def backend_law(lm, params: SamplingParams) -> torch.Tensor:
+    """[V**LENGTH] probability of every continuation of PROMPT, enumerated from the backend's own logits."""
+    law = torch.zeros(TINY_VOCAB**LENGTH, dtype=torch.float64)
+    for prefix in itertools.product(range(TINY_VOCAB), repeat=LENGTH - 1):
+        lm.reset()
+        logits = lm.forward(torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1:]  # [LENGTH, V]
+        probs = warp(logits, params).double()
+        head = torch.prod(torch.stack([probs[i, t] for i, t in enumerate(prefix)])) if prefix else 1.0
+        index = sum(t * TINY_VOCAB ** (LENGTH - 1 - i) for i, t in enumerate(prefix))
+        law[index : index + TINY_VOCAB] = head * probs[LENGTH - 1]
+    lm.reset()
+    return law
+
+
+def test_tiny_gguf_matches_transformers(tiny_pair, tiny_modules):
+    """The GGUF written above is the same model as the transformers one (f16 KV cache: loose tolerance)."""
+    ids = PROMPT + [1, 7, 0, 6]
+    for lm, module in zip(tiny_pair, tiny_modules):
+        assert lm.vocab_size == TINY_VOCAB and lm.max_length == module.config.max_position_embeddings
+        lm.reset()
+        ours_logits = lm.forward(torch.tensor([ids]))
+        with torch.no_grad():
+            theirs = module(input_ids=torch.tensor([ids])).logits
+        torch.testing.assert_close(ours_logits, theirs, atol=2e-2, rtol=1e-2)
+        lm.reset()
+
+
+@pytest.mark.parametrize("drafter,params,gamma", [
+    ("model", SamplingParams(temperature=1.0), 2),
+    ("model", SamplingParams(temperature=0.8, top_k=5, top_p=0.9), 3),
+    ("bigram", SamplingParams(temperature=1.0, min_p=0.05), 2),
+    ("prompt-lookup", SamplingParams(temperature=1.0), 2),
+])
+def test_speculative_samples_follow_backend_law(tiny_pair, drafter, params, gamma):
+    target, draft = tiny_pair
+    make = {"model": lambda: ModelDrafter(draft), "bigram": lambda: NGramDrafter(TINY_VOCAB, 2),
+            "prompt-lookup": PromptLookupDrafter}[drafter]
+    law = backend_law(target, params)
+    counts = sample_counts(target, make, params, gamma)
+    p = chi_square_p(counts, law)
+    tv = 0.5 * (counts / counts.sum() - law).abs().sum()
+    assert p > 1e-3, f"chi-square p={p:.2e}, TV={tv:.3f}"
+
+
+def test_negative_control_always_accept_is_detected(tiny_pair):
+    """The same check on a planted always-accept verifier fails: the test has power on this backend."""
+    target, draft = tiny_pair
+    params = SamplingParams(temperature=1.0)
+    law = backend_law(target, params)
+    counts = sample_counts(target, lambda: ModelDrafter(draft), params, 2, verifier=always_accept)
+    assert chi_square_p(counts, law) < 1e-6

@@ -1,0 +1,364 @@
+"""The OpenAI-compatible server as clients meet it: a real uvicorn on 127.0.0.1, the official `openai`
+client, raw HTTP for bad bodies, concurrent streams, and clients that hang up mid-generation.
+
+References are computed with the engine BEFORE the server starts: the engine is not thread-safe,
+so while the server runs only its worker thread may touch it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from exactspec.errors import ExactSpecError
+from exactspec.server import create_app
+from exactspec.server.cli import add_serve_subcommand, cmd_serve
+
+MODEL = "smol-test"
+MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
+COMPLETION_PROMPT = "The capital of France is"
+COUNTING_PROMPT = "1, 2, 3, 4, 5, 6, 7, 8,"  # greedy keeps counting: no early EOS
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+
+
+def test_serve_subcommand_defaults_to_loopback():
+    parser = argparse.ArgumentParser()
+    add_serve_subcommand(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--gamma", "3", "--model-name", "m"])
+    assert (args.host, args.port, args.gamma, args.model_name, args.target) == ("127.0.0.1", 8000, "3", "m", None)
+    assert args.func is cmd_serve
+    with pytest.raises(ExactSpecError, match="gamma"):  # refused before the slow model load
+        cmd_serve(parser.parse_args(["serve", "--gamma", "-1"]))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(embedded):
+    """The app on a background uvicorn thread, plus reference outputs computed before it started."""
+    refs = SimpleNamespace(
+        chat=embedded.generate(MESSAGES, max_new_tokens=12, temperature=0),
+        text=embedded.generate(COMPLETION_PROMPT, max_new_tokens=8, temperature=0, chat_template=False),
+        sampled=[embedded.generate(COMPLETION_PROMPT, max_new_tokens=8, temperature=1.0, seed=s, chat_template=False)
+                 for s in (7, 8)],
+    )
+    app = create_app(embedded, model_name=MODEL)
+    port = _free_port()
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{port}"
+    yield SimpleNamespace(base=base, refs=refs, app=app,
+                          client=openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120))
+    uv.should_exit = True
+    thread.join(60)
+    assert not thread.is_alive(), "uvicorn did not shut down"
+    assert not app.state.worker.alive, "the worker thread outlived the app"
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    """One sample's value from /metrics (0 when the labelled series does not exist yet)."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def wait_for(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_chat_completion_equals_engine(server):
+    resp = server.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0)
+    ref = server.refs.chat
+    assert resp.object == "chat.completion" and resp.model == MODEL and len(resp.choices) == 1
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].message.content == ref.text
+    assert resp.choices[0].finish_reason == ref.finish_reason
+    assert resp.usage.prompt_tokens == len(ref.prompt_token_ids)
+    assert resp.usage.completion_tokens == len(ref.token_ids)
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    spec = resp.model_extra["speculative"]
+    assert spec["target_calls"] == ref.stats.target_calls and spec["proposed"] == ref.stats.proposed
+    assert spec["accepted"] == ref.stats.accepted
+    assert spec["tokens_per_target_call"] == pytest.approx(ref.stats.tokens_per_target_call)
+
+
+def test_max_completion_tokens_alias(server):
+    resp = server.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=3,
+                                                 temperature=0)
+    assert resp.usage.completion_tokens == 3 and resp.choices[0].finish_reason == "length"
+
+
+def test_text_completion_uses_raw_prompt(server):
+    resp = server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=8, temperature=0)
+    assert resp.object == "text_completion"
+    assert resp.choices[0].text == server.refs.text.text
+    assert resp.usage.prompt_tokens == len(server.refs.text.prompt_token_ids)
+    listed = server.client.completions.create(model=MODEL, prompt=[COMPLETION_PROMPT], max_tokens=8, temperature=0)
+    assert listed.choices[0].text == server.refs.text.text
+
+
+@pytest.mark.parametrize("gamma", [0, 2, "auto"])
+def test_gamma_extension_keeps_greedy_output(server, gamma):
+    resp = server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=8, temperature=0,
+                                            extra_body={"gamma": gamma})
+    assert resp.choices[0].text == server.refs.text.text
+    if gamma == 0:
+        assert resp.model_extra["speculative"]["proposed"] == 0
+
+
+def test_chat_stream_matches_non_stream(server):
+    stream = server.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)  # the client stops at [DONE]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant"
+    assert "".join(d.content or "" for d in deltas) == server.refs.chat.text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [server.refs.chat.finish_reason]
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == len(server.refs.chat.token_ids)
+    assert chunks[-1].model_extra["speculative"]["target_calls"] == server.refs.chat.stats.target_calls
+
+
+def test_n_samples_follow_seed(server):
+    """n=2 with seed s runs seeds s and s+1: each choice is exactly the engine's sample for its seed."""
+    resp = server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=8, temperature=1.0,
+                                            seed=7, n=2)
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert [c.text for c in resp.choices] == [r.text for r in server.refs.sampled]
+    assert resp.usage.completion_tokens == sum(len(r.token_ids) for r in server.refs.sampled)
+
+
+def test_seed_is_deterministic_at_temperature_1(server):
+    def ask():
+        return server.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10,
+                                                     temperature=1.0, top_p=0.95, seed=1234)
+    first, second = ask(), ask()
+    assert first.choices[0].message.content == second.choices[0].message.content
+    assert first.usage.completion_tokens == second.usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_stop_strings(server, as_list):
+    ref = server.refs.chat.text
+    word = ref.split()[2]  # a word in the middle of the greedy answer
+    stop = ["<never appears>", word] if as_list else word
+    resp = server.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0,
+                                                 stop=stop)
+    assert resp.choices[0].message.content == ref[: ref.index(word)]
+    assert resp.choices[0].finish_reason == "stop"
+
+
+def test_harmless_unknown_fields_are_ignored(server):
+    body = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0, "user": "me",
+            "presence_penalty": 0.5, "logprobs": None, "stream_options": None, "echo": False}
+    r = httpx.post(f"{server.base}{TEXT}", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == server.refs.text.text
+
+
+LONG_PROMPT = "word " * 9000  # > 8192 tokens
+
+
+@pytest.mark.parametrize("path,body,param", [
+    (TEXT, b'{"prompt": "hi", "max_tokens": 4', None),  # malformed JSON
+    (TEXT, b'["not", "an", "object"]', None),
+    (TEXT, {"max_tokens": 4}, "prompt"),  # missing prompt
+    (TEXT, {"prompt": 42}, "prompt"),
+    (TEXT, {"prompt": ["one", "two"]}, "prompt"),
+    (TEXT, {"prompt": "hi", "max_tokens": "4"}, "max_tokens"),
+    (TEXT, {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    (TEXT, {"prompt": "hi", "max_tokens": 100_000}, "max_tokens"),
+    (TEXT, {"prompt": "hi", "temperature": -1}, "temperature"),
+    (TEXT, {"prompt": "hi", "temperature": "hot"}, "temperature"),
+    (TEXT, {"prompt": "hi", "top_p": 1.5}, "top_p"),
+    (TEXT, {"prompt": "hi", "top_p": 0}, "top_p"),
+    (TEXT, {"prompt": "hi", "n": 9}, "n"),
+    (TEXT, {"prompt": "hi", "stop": 3}, "stop"),
+    (TEXT, {"prompt": "hi", "stream": "yes"}, "stream"),
+    (TEXT, {"prompt": "hi", "gamma": -1}, "gamma"),
+    (TEXT, {"prompt": "hi", "gamma": "fast"}, "gamma"),
+    (TEXT, {"prompt": "hi", "seed": "abc"}, "seed"),
+    (TEXT, {"prompt": ""}, "prompt"),
+    (TEXT, {"prompt": LONG_PROMPT, "max_tokens": 4}, "prompt"),
+    (CHAT, {"messages": []}, "messages"),
+    (CHAT, {"messages": "hello"}, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages"),
+    (CHAT, {"messages": MESSAGES, "max_completion_tokens": -3}, "max_completion_tokens"),
+    (CHAT, {"messages": [{"role": "user", "content": LONG_PROMPT}], "stream": True}, "messages"),
+])
+def test_bad_request_gets_openai_error(server, path, body, param):
+    before = metric(server.base, "exactspec_requests_total", endpoint=path, status="400")
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{server.base}{path}", content=content, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+    assert metric(server.base, "exactspec_requests_total", endpoint=path, status="400") == before + 1
+
+
+def test_unknown_route_is_an_openai_error(server):
+    r = httpx.get(f"{server.base}/v1/nothing-here", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["message"]
+
+
+def test_serves_after_bad_requests(server):
+    for bad in (b"{", b'{"prompt": "x", "top_p": 2}', json.dumps({"prompt": LONG_PROMPT}).encode()):
+        assert httpx.post(f"{server.base}{TEXT}", content=bad, headers={"content-type": "application/json"},
+                          timeout=60).status_code == 400
+    resp = server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=8, temperature=0)
+    assert resp.choices[0].text == server.refs.text.text
+    health = httpx.get(f"{server.base}/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_models_lists_the_served_model(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_a_failing_generation_fails_only_its_request(server, monkeypatch):
+    """Generations asking for 5 tokens blow up after one piece; requests around them are unaffected."""
+    engine = server.app.state.engine
+    real_stream = engine.stream
+
+    def flaky_stream(prompt, **options):
+        if options["max_new_tokens"] != 5:
+            return real_stream(prompt, **options)
+
+        def boom():
+            yield "partial"
+            raise RuntimeError("injected failure")
+        return boom()
+
+    monkeypatch.setattr(engine, "stream", flaky_stream)
+    failed = metric(server.base, "exactspec_requests_total", endpoint=TEXT, status="500")
+    good = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0}
+    bad = {**good, "max_tokens": 5}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.base, timeout=60) as client:
+            return await asyncio.gather(client.post(TEXT, json=good), client.post(TEXT, json=bad),
+                                        client.post(TEXT, json={**bad, "stream": True}), client.post(TEXT, json=good))
+
+    before_good, plain_bad, streamed_bad, after_good = asyncio.run(main())
+    for r in (before_good, after_good):
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == server.refs.text.text
+    assert plain_bad.status_code == 500
+    error = plain_bad.json()["error"]
+    assert error["type"] == "server_error" and "injected failure" in error["message"]
+    events = [line[len("data: "):] for line in streamed_bad.text.splitlines() if line.startswith("data: ")]
+    assert json.loads(events[1])["choices"][0]["text"] == "partial"
+    assert "injected failure" in json.loads(events[-2])["error"]["message"] and events[-1] == "[DONE]"
+    assert metric(server.base, "exactspec_requests_total", endpoint=TEXT, status="500") == failed + 2
+    with pytest.raises(openai.APIError, match="injected failure"):  # the official client surfaces in-band errors
+        list(server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=5, stream=True))
+
+
+async def _stream_chat(client: httpx.AsyncClient) -> dict:
+    """One raw SSE chat stream: its text, usage, finish reasons and whether it ended with [DONE]."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    events = []
+    async with client.stream("POST", CHAT, json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        async for line in r.aiter_lines():
+            if line:
+                assert line.startswith("data: ")
+                events.append(line[len("data: "):])
+    chunks = [json.loads(e) for e in events[:-1]]
+    return {
+        "done": events[-1] == "[DONE]",
+        "text": "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]),
+        "usage": chunks[-1].get("usage"),
+        "finish": [c["choices"][0]["finish_reason"] for c in chunks
+                   if c["choices"] and c["choices"][0]["finish_reason"]],
+    }
+
+
+def test_concurrent_streams_are_exact_and_counted(server):
+    clients = 16
+    emitted = metric(server.base, "exactspec_emitted_tokens_total")
+    ok = metric(server.base, "exactspec_requests_total", endpoint=CHAT, status="200")
+    peak = []
+
+    async def watch_queue(stop: asyncio.Event, client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            peak.append((await client.get("/health")).json()["queued"])
+            await asyncio.sleep(0.05)
+
+    async def main() -> list[dict]:
+        limits = httpx.Limits(max_connections=clients + 4)
+        async with httpx.AsyncClient(base_url=server.base, timeout=120, limits=limits) as client:
+            stop = asyncio.Event()
+            watcher = asyncio.create_task(watch_queue(stop, client))
+            results = await asyncio.gather(*(_stream_chat(client) for _ in range(clients)))
+            stop.set()
+            await watcher
+            return results
+
+    results = asyncio.run(asyncio.wait_for(main(), timeout=150))
+    ref = server.refs.chat
+    assert len(results) == clients
+    for r in results:
+        assert r["done"] and r["text"] == ref.text and r["finish"] == [ref.finish_reason]
+        assert r["usage"]["completion_tokens"] == len(ref.token_ids)
+    assert max(peak) >= 2, "the requests never queued up: they were not concurrent"
+    received = sum(r["usage"]["completion_tokens"] for r in results)
+    assert metric(server.base, "exactspec_emitted_tokens_total") - emitted == received
+    assert metric(server.base, "exactspec_requests_total", endpoint=CHAT, status="200") - ok == clients
+    assert metric(server.base, "exactspec_running_requests") == 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_cancels_generation(server, stream):
+    max_tokens = 2000
+    cancelled = metric(server.base, "exactspec_cancelled_generations_total")
+    emitted = metric(server.base, "exactspec_emitted_tokens_total")
+    gone = metric(server.base, "exactspec_requests_total", endpoint=TEXT, status="499")
+    body = {"model": MODEL, "prompt": COUNTING_PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if stream:
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{server.base}{TEXT}", json=body) as r:
+            assert r.status_code == 200
+            first = next(line for line in r.iter_lines() if line.startswith("data: "))
+            assert json.loads(first[len("data: "):])["object"] == "text_completion"
+    else:  # a non-streaming client that gives up waiting
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.base}{TEXT}", json=body, timeout=httpx.Timeout(60, read=1.5))
+    assert wait_for(lambda: metric(server.base, "exactspec_cancelled_generations_total") == cancelled + 1), \
+        "the generation was not cancelled"
+    assert metric(server.base, "exactspec_requests_total", endpoint=TEXT, status="499") == gone + 1
+    assert metric(server.base, "exactspec_emitted_tokens_total") - emitted < max_tokens / 4
+    assert metric(server.base, "exactspec_running_requests") == 0
+    resp = server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=8, temperature=0)
+    assert resp.choices[0].text == server.refs.text.text
