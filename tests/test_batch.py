@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from exactspec.costmodel import AutoGamma, CostModel, measure_target
 from exactspec.decode import decode
-from exactspec.decode_batch import decode_batch
+from exactspec.decode_batch import BatchDecoder, Row, decode_batch
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
+from exactspec.errors import ExactSpecError
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.sampling import SamplingParams
 from exactspec.stats import Stats
@@ -128,3 +130,124 @@ def test_engine_generate_batch_stop_string(embedded):
     results, _ = embedded.generate_batch(prompt, n=2, max_new_tokens=30, temperature=0, stop=[stop])
     for r in results:
         assert r.finish_reason == "stop" and stop not in r.text and full.text.startswith(r.text)
+
+
+# --- continuous batching: rows join a running batch between iterations --------------------------
+LONG_PROMPT = [(3 * i + 1) % TINY_VOCAB for i in range(45)]  # longer than the cache's 16 positions
+
+
+def run_joining(target, schedule: list[tuple[int, Row]], on_step=None) -> dict:
+    """Decode with rows joining at the given iteration numbers; returns each row's tokens by key."""
+    decoder, out, step = BatchDecoder(target), {row.key: [] for _, row in schedule}, 0
+    while decoder.rows or any(at >= step for at, _ in schedule):
+        joining = [row for at, row in schedule if at == step]
+        if joining:
+            decoder.add(joining)
+        if on_step:
+            on_step(decoder, step)
+        if decoder.rows:
+            for row, tokens in decoder.step():
+                out[row.key] += tokens
+        step += 1
+    return out
+
+
+def greedy_row(key, prompt, drafter, gamma, n=20):
+    return Row(key, prompt, drafter, GREEDY, gamma, n, torch.Generator().manual_seed(0))
+
+
+def test_rows_joining_mid_flight_equal_rows_alone(fast_tiny):
+    fast_tiny.reset()  # whatever the cache held before
+    schedule = [(0, greedy_row("a", PROMPTS[0], PromptLookupDrafter(), 3)),
+                (2, greedy_row("b", PROMPTS[3], NGramDrafter(TINY_VOCAB), 5)),  # a one-token prompt
+                (2, greedy_row("c", LONG_PROMPT, PromptLookupDrafter(), 2, n=30)),  # the cache must grow
+                (5, greedy_row("d", PROMPTS[2], None, 0)),
+                (40, greedy_row("e", PROMPTS[1], PromptLookupDrafter(), 4))]  # after the batch emptied
+    out = run_joining(fast_tiny, schedule)
+    for _, row in schedule:
+        assert out[row.key] == run_alone(fast_tiny, None, row.prompt, GREEDY, 0, row.max_new_tokens, 0), row.key
+
+
+def test_rows_with_their_own_params_and_gamma_match_alone(fast_tiny):
+    """Rows with different sampling parameters, γ (an AutoGamma each) and seeds share one batch; each is
+    exactly its lone run with the same seed. Two samples of one prompt join together (one prefill)."""
+    cost = CostModel([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
+    specs = [("t1k6", SamplingParams(temperature=1.0, top_k=6), 3, PROMPTS[0], 0),
+             ("t07p9", SamplingParams(temperature=0.7, top_p=0.9), 1, PROMPTS[2], 1),
+             ("auto", SamplingParams(temperature=1.2, min_p=0.1), "auto", PROMPTS[1], 1),
+             ("greedy", GREEDY, 4, LONG_PROMPT, 3),
+             ("copy1", SamplingParams(temperature=0.9), 2, PROMPTS[3], 3),
+             ("copy2", SamplingParams(temperature=0.9), 2, PROMPTS[3], 3)]
+
+    def gamma_of(g):
+        return AutoGamma(cost, 0.5) if g == "auto" else g
+
+    schedule = [(at, Row(key, prompt, PromptLookupDrafter(), params, gamma_of(g), 16,
+                         torch.Generator().manual_seed(100 + i)))
+                for i, (key, params, g, prompt, at) in enumerate(specs)]
+    out = run_joining(fast_tiny, schedule)
+    for i, (key, params, g, prompt, _) in enumerate(specs):
+        assert out[key] == run_alone(fast_tiny, PromptLookupDrafter(), prompt, params, gamma_of(g), 16, 100 + i), key
+    assert out["copy1"] != out["copy2"]  # different seeds: the shared prefill did not tie them
+
+
+def test_failed_join_leaves_the_running_rows_intact(fast_tiny, monkeypatch):
+    real = fast_tiny.forward_rows
+    calls = []
+
+    def fail_second_prefill(ids):
+        if ids.shape[0] == 1 and ids.shape[1] > 1:  # a prefill
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("injected prefill failure")
+        return real(ids)
+
+    monkeypatch.setattr(fast_tiny, "forward_rows", fail_second_prefill)
+    decoder, out = BatchDecoder(fast_tiny), {"a": [], "b": []}
+    decoder.add([greedy_row("a", PROMPTS[0], PromptLookupDrafter(), 3), greedy_row("b", PROMPTS[2], None, 0)])
+    for _ in range(2):
+        for row, tokens in decoder.step():
+            out[row.key] += tokens
+    with pytest.raises(RuntimeError, match="injected"):  # the 2nd new row fails after the 1st joined
+        decoder.add([greedy_row("c", PROMPTS[1], None, 0), greedy_row("d", LONG_PROMPT, None, 0)])
+    with pytest.raises(ExactSpecError, match="empty"):
+        decoder.add([greedy_row("e", [], None, 0)])
+    assert [row.key for row in decoder.rows] == ["a", "b"] and fast_tiny.batch_size == 2
+    while decoder.rows:
+        for row, tokens in decoder.step():
+            out[row.key] += tokens
+    for key, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[2])):
+        assert out[key] == run_alone(fast_tiny, None, prompt, GREEDY, 0, 20, 0)
+
+
+def test_lending_the_target_keeps_the_batch(fast_tiny):
+    """Measuring the target's speed (it resets the cache) between iterations does not disturb the batch."""
+    def measure(decoder, step):
+        if step == 3:
+            with decoder.lend() as target:
+                measure_target(target, max_k=2, context=10, reps=1)
+
+    schedule = [(0, greedy_row("a", PROMPTS[0], PromptLookupDrafter(), 3)), (1, greedy_row("b", PROMPTS[2], None, 0))]
+    out = run_joining(fast_tiny, schedule, measure)
+    for _, row in schedule:
+        assert out[row.key] == run_alone(fast_tiny, None, row.prompt, GREEDY, 0, 20, 0)
+
+
+def test_join_prefill_equals_a_lone_prefill(fast_tiny):
+    """A joined row's cache is its lone prefill: its next logits are those of a batch of one."""
+    fast_tiny.reset(1)
+    fast_tiny.forward_rows(torch.tensor([PROMPTS[2][:-1]]))
+    alone = fast_tiny.forward_rows(torch.tensor([[PROMPTS[2][-1]]]))
+    fast_tiny.reset(0)
+    fast_tiny.join(PROMPTS[0])
+    fast_tiny.join(PROMPTS[2], copies=2)
+    fast_tiny.join(PROMPTS[3])
+    assert fast_tiny.lengths.tolist() == [len(PROMPTS[0]) - 1, len(PROMPTS[2]) - 1, len(PROMPTS[2]) - 1, 0]
+    last = torch.tensor([[p[-1]] for p in (PROMPTS[0], PROMPTS[2], PROMPTS[2], PROMPTS[3])])
+    logits = fast_tiny.forward_rows(last)
+    assert torch.allclose(logits[1:3], alone.expand(2, -1, -1), atol=1e-5)
+    fast_tiny.select_rows(torch.tensor([3, 1]))  # in place: the survivors move into the holes
+    assert fast_tiny.lengths.tolist() == [1, len(PROMPTS[2])]
+    with pytest.raises(ExactSpecError):
+        fast_tiny.join(list(range(fast_tiny.max_length)))
+    assert fast_tiny.batch_size == 2

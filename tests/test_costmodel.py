@@ -92,3 +92,10 @@ def test_auto_in_the_loop_is_exact_at_greedy(tiny_target):
     plain = list(decode(tiny_target, None, prompt, greedy, 0, 30))
     auto = AutoGamma(CostModel(target_s=[0.05, 0.051, 0.052, 0.053], draft_s_per_token=0.0), prior_alpha=0.5)
     assert list(decode(tiny_target, PromptLookupDrafter(), prompt, greedy, auto, 30, torch.Generator())) == plain
+
+
+def test_auto_needs_a_margin_before_speculating():
+    cost = CostModel(target_s=[0.05, 0.0505, 0.051], draft_s_per_token=0.0)
+    assert cost.best_gamma(0.02) > 0 and cost.predicted_speedup(0.02, cost.best_gamma(0.02)) < 1.05
+    assert AutoGamma(cost, prior_alpha=0.02, prior_strength=1000).next_gamma() == 0
+    assert AutoGamma(cost, prior_alpha=0.5).next_gamma() == 2

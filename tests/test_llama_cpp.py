@@ -95,7 +95,7 @@ def test_tokenizer_agrees_with_llama_cpp(engine):
 
 def test_adapter_properties(engine):
     lm = engine.target
-    assert lm.vocab_size == llama_cpp.llama_n_vocab(llama_cpp.llama_model_get_vocab(lm.llama.model))
+    assert lm.vocab_size == llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(lm.llama.model))
     assert lm.vocab_size == len(engine.tokenizer.get_vocab())
     assert engine.tokenizer.eos_token_id in lm.eos_token_ids
     assert lm.max_length == 1024

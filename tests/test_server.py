@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import socket
 import threading
@@ -21,14 +22,18 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+import exactspec.engine
+from exactspec.engine import GenerationResult
 from exactspec.errors import ExactSpecError
 from exactspec.server import create_app
 from exactspec.server.cli import add_serve_subcommand, cmd_serve
+from exactspec.server.worker import Job
 
 MODEL = "smol-test"
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
 COMPLETION_PROMPT = "The capital of France is"
 COUNTING_PROMPT = "1, 2, 3, 4, 5, 6, 7, 8,"  # greedy keeps counting: no early EOS
+BAD_PROMPT = "The capital of Spain is"  # the failure test's generations fail on this prompt
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 
 
@@ -56,8 +61,21 @@ def server(embedded):
         text=embedded.generate(COMPLETION_PROMPT, max_new_tokens=8, temperature=0, chat_template=False),
         sampled=[embedded.generate(COMPLETION_PROMPT, max_new_tokens=8, temperature=1.0, seed=s, chat_template=False)
                  for s in (7, 8)],
+        counting=embedded.generate(COUNTING_PROMPT, max_new_tokens=30, temperature=0, chat_template=False),
+        chat_sampled=embedded.generate(MESSAGES, max_new_tokens=12, temperature=0.8, top_p=0.9, top_k=40, seed=5),
     )
-    app = create_app(embedded, model_name=MODEL)
+    yield from _running(create_app(embedded, model_name=MODEL), refs)
+
+
+@pytest.fixture(scope="module")
+def sequential_server(server, embedded):
+    """A second app on the same engine that runs one sample at a time (the fallback path); it serves
+    only while `server` is idle, as the engine is not thread-safe."""
+    yield from _running(create_app(embedded, model_name=MODEL, max_rows=1), server.refs)
+
+
+def _running(app, refs):
+    """Serve `app` on a background uvicorn thread until the fixture's teardown."""
     port = _free_port()
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=uv.run, name="uvicorn-test", daemon=True)
@@ -83,6 +101,16 @@ def metric(base: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
+
+
+def batched_forwards(base: str) -> float:
+    """Batched target forwards the worker has run (each observes its number of rows)."""
+    return metric(base, "exactspec_batch_rows_count")
+
+
+def multi_row_forwards(base: str) -> float:
+    """Batched target forwards that served more than one row."""
+    return batched_forwards(base) - metric(base, "exactspec_batch_rows_bucket", le="1.0")
 
 
 def wait_for(condition, timeout: float = 30.0) -> bool:
@@ -154,6 +182,21 @@ def test_n_samples_follow_seed(server):
     assert [c.index for c in resp.choices] == [0, 1]
     assert [c.text for c in resp.choices] == [r.text for r in server.refs.sampled]
     assert resp.usage.completion_tokens == sum(len(r.token_ids) for r in server.refs.sampled)
+
+
+def test_streamed_n_samples_interleave_and_follow_seed(server):
+    """The n samples of a streamed request decode as rows of one batch: their chunks may interleave,
+    and each choice is still exactly the engine's sample for its seed."""
+    stream = server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=8, temperature=1.0,
+                                              seed=7, n=2, stream=True)
+    texts, finishes = ["", ""], {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert texts == [r.text for r in server.refs.sampled]
+    assert finishes == {i: r.finish_reason for i, r in enumerate(server.refs.sampled)}
 
 
 def test_seed_is_deterministic_at_temperature_1(server):
@@ -246,13 +289,27 @@ def test_models_lists_the_served_model(server):
     assert [m.id for m in models.data] == [MODEL]
 
 
-def test_a_failing_generation_fails_only_its_request(server, monkeypatch):
-    """Generations asking for 5 tokens blow up after one piece; requests around them are unaffected."""
-    engine = server.app.state.engine
+def _inject_failure(engine, batched: bool, monkeypatch) -> None:
+    """Generations of BAD_PROMPT blow up after one piece: in the batched worker's detokenisation, or in
+    `Engine.stream` for the one-at-a-time worker."""
+    bad_ids = engine.encode(BAD_PROMPT, chat_template=False)
+    if batched:
+        real, started = engine.append_tokens, set()
+
+        def flaky_append(result, tokens, stop, sent, final=False):
+            if result.prompt_token_ids != bad_ids:
+                return real(result, tokens, stop, sent, final)
+            if id(result) not in started:
+                started.add(id(result))
+                return "partial", False
+            raise RuntimeError("injected failure")
+
+        monkeypatch.setattr(engine, "append_tokens", flaky_append)
+        return
     real_stream = engine.stream
 
     def flaky_stream(prompt, **options):
-        if options["max_new_tokens"] != 5:
+        if options["result"].prompt_token_ids != bad_ids:
             return real_stream(prompt, **options)
 
         def boom():
@@ -261,9 +318,17 @@ def test_a_failing_generation_fails_only_its_request(server, monkeypatch):
         return boom()
 
     monkeypatch.setattr(engine, "stream", flaky_stream)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_failing_generation_fails_only_its_request(request, monkeypatch, batched):
+    """Generations of BAD_PROMPT blow up after one piece; requests around them are unaffected."""
+    server = request.getfixturevalue("server" if batched else "sequential_server")
+    engine = server.app.state.engine
+    _inject_failure(engine, batched, monkeypatch)
     failed = metric(server.base, "exactspec_requests_total", endpoint=TEXT, status="500")
     good = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0}
-    bad = {**good, "max_tokens": 5}
+    bad = {**good, "prompt": BAD_PROMPT, "max_tokens": 5}
 
     async def main():
         async with httpx.AsyncClient(base_url=server.base, timeout=60) as client:
@@ -281,7 +346,7 @@ def test_a_failing_generation_fails_only_its_request(server, monkeypatch):
     assert "injected failure" in json.loads(events[-2])["error"]["message"] and events[-1] == "[DONE]"
     assert metric(server.base, "exactspec_requests_total", endpoint=TEXT, status="500") == failed + 2
     with pytest.raises(openai.APIError, match="injected failure"):  # the official client surfaces in-band errors
-        list(server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=5, stream=True))
+        list(server.client.completions.create(model=MODEL, prompt=BAD_PROMPT, max_tokens=5, stream=True))
 
 
 async def _stream_chat(client: httpx.AsyncClient) -> dict:
@@ -310,6 +375,7 @@ def test_concurrent_streams_are_exact_and_counted(server):
     clients = 16
     emitted = metric(server.base, "exactspec_emitted_tokens_total")
     ok = metric(server.base, "exactspec_requests_total", endpoint=CHAT, status="200")
+    forwards, multi = batched_forwards(server.base), multi_row_forwards(server.base)
     peak = []
 
     async def watch_queue(stop: asyncio.Event, client: httpx.AsyncClient) -> None:
@@ -334,10 +400,91 @@ def test_concurrent_streams_are_exact_and_counted(server):
         assert r["done"] and r["text"] == ref.text and r["finish"] == [ref.finish_reason]
         assert r["usage"]["completion_tokens"] == len(ref.token_ids)
     assert max(peak) >= 2, "the requests never queued up: they were not concurrent"
+    assert batched_forwards(server.base) - forwards < clients * server.refs.chat.stats.target_calls
+    assert multi_row_forwards(server.base) > multi, "the concurrent requests were never batched"
     received = sum(r["usage"]["completion_tokens"] for r in results)
     assert metric(server.base, "exactspec_emitted_tokens_total") - emitted == received
     assert metric(server.base, "exactspec_requests_total", endpoint=CHAT, status="200") - ok == clients
     assert metric(server.base, "exactspec_running_requests") == 0
+
+
+def test_concurrent_mixed_requests_share_batches_exactly(server, monkeypatch):
+    """Requests with different prompts, lengths, sampling parameters, γ and n join one running batch;
+    each is exactly what it is alone, and the counters add up. The "auto" request joins while the
+    batch runs and finds the target's speed unmeasured: measuring it must not disturb the batch."""
+    engine, refs = server.app.state.engine, server.refs
+    monkeypatch.setattr(engine, "_target_costs", None)
+    quick = functools.partial(exactspec.engine.measure_target, context=20, reps=1)  # it still resets the cache
+    monkeypatch.setattr(exactspec.engine, "measure_target", quick)
+    text = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0}
+    chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12}
+    first = (TEXT, {**text, "prompt": COUNTING_PROMPT, "max_tokens": 30, "gamma": 2}, [refs.counting])
+    joining = [(TEXT, {**text, "gamma": 0}, [refs.text]),
+               (TEXT, {**text, "gamma": "auto"}, [refs.text]),
+               (TEXT, {**text, "temperature": 1.0, "seed": 7, "n": 2}, refs.sampled),
+               (CHAT, {**chat, "temperature": 0}, [refs.chat]),
+               (CHAT, {**chat, "temperature": 0.8, "top_p": 0.9, "top_k": 40, "seed": 5}, [refs.chat_sampled])]
+    counters = ("exactspec_emitted_tokens_total", "exactspec_draft_tokens_total", "exactspec_accepted_tokens_total")
+    before = [metric(server.base, name) for name in counters]
+    forwards, multi = batched_forwards(server.base), multi_row_forwards(server.base)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.base, timeout=120) as client:
+            long_one = asyncio.create_task(client.post(first[0], json=first[1]))
+            await asyncio.sleep(0.5)  # the others join the running batch
+            rest = await asyncio.gather(*(client.post(path, json=body) for path, body, _ in joining))
+            return [await long_one, *rest]
+
+    responses = asyncio.run(main())
+    bodies = [r.json() for r in responses]
+    for r, body, (_, _, expected) in zip(responses, bodies, [first, *joining]):
+        assert r.status_code == 200, r.text
+        texts = [c["message"]["content"] if "message" in c else c["text"] for c in body["choices"]]
+        assert texts == [e.text for e in expected]
+        assert body["usage"]["completion_tokens"] == sum(len(e.token_ids) for e in expected)
+    sums = [sum(b["usage"]["completion_tokens"] for b in bodies),
+            sum(b["speculative"]["proposed"] for b in bodies), sum(b["speculative"]["accepted"] for b in bodies)]
+    assert [metric(server.base, name) - b for name, b in zip(counters, before)] == sums
+    assert multi_row_forwards(server.base) > multi, "the requests were never batched"
+    assert batched_forwards(server.base) - forwards < sum(b["speculative"]["target_calls"] for b in bodies)
+
+
+def test_failures_in_the_batch_stay_with_their_jobs(server, monkeypatch):
+    """A job whose setup fails fails alone; a failing batched forward fails the rows it served, and the
+    worker goes on serving."""
+    worker, target, ref = server.app.state.worker, server.app.state.engine.target, server.refs.text
+
+    def job(**options) -> Job:
+        return Job(GenerationResult("", [], list(ref.prompt_token_ids), "length"),
+                   {"max_new_tokens": 8, "temperature": 0, **options})
+
+    async def outcome(jobs: list[Job]):
+        try:
+            async for _ in worker.generate_all(jobs):
+                pass
+        except Exception as e:
+            return e
+        return [j.result.text for j in jobs]
+
+    async def setup_failure():
+        return await asyncio.gather(outcome([job()]), outcome([job(draft="no-such-drafter")]), outcome([job()]))
+
+    good, bad, also_good = asyncio.run(setup_failure())
+    assert good == also_good == [ref.text]
+    assert isinstance(bad, ExactSpecError) and "no-such-drafter" in str(bad)
+
+    real = target.forward_rows
+
+    def fails_with_two_rows(ids):
+        if ids.shape[0] > 1:
+            raise RuntimeError("injected forward failure")
+        return real(ids)
+
+    monkeypatch.setattr(target, "forward_rows", fails_with_two_rows)
+    failed = asyncio.run(outcome([job(), job()]))  # a request's two samples: one batch of two rows
+    monkeypatch.undo()
+    assert isinstance(failed, RuntimeError) and "injected forward failure" in str(failed)
+    assert worker.alive and asyncio.run(outcome([job()])) == [ref.text]
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -74,12 +74,14 @@ class AutoGamma:
     α is the posterior mean of a Beta prior updated with per-token outcomes (each accepted draft is a
     success, the first rejection a failure). While the best γ is 0 the loop decodes plainly and probes
     with γ=1 now and then, with the gap doubling after each probe that still says "don't speculate",
-    so a losing drafter costs a vanishing fraction of the steps.
+    so a losing drafter costs a vanishing fraction of the steps. Speculation must be predicted to win
+    by `min_gain` before it is used: measured costs are noisy and the per-iteration bookkeeping
+    (warping γ+1 rows, verifying) is not in T(k).
     """
 
     def __init__(self, cost: CostModel, prior_alpha: float = 0.3, prior_strength: float = 4.0,
-                 first_probe: int = 8):
-        self.cost = cost
+                 first_probe: int = 8, min_gain: float = 1.05):
+        self.cost, self.min_gain = cost, min_gain
         self.successes = prior_alpha * prior_strength
         self.failures = (1.0 - prior_alpha) * prior_strength
         self.probe_gap, self.plain_steps = first_probe, 0
@@ -90,7 +92,7 @@ class AutoGamma:
 
     def next_gamma(self) -> int:
         gamma = self.cost.best_gamma(self.alpha)
-        if gamma > 0:
+        if gamma > 0 and self.cost.predicted_speedup(self.alpha, gamma) >= self.min_gain:
             return gamma
         self.plain_steps += 1
         if self.plain_steps >= self.probe_gap:

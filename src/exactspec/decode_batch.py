@@ -4,14 +4,18 @@ Rows advance by different amounts: the target's cache keeps a length per row (se
 models/fast_llama.py), each row feeds [its last token, its drafts] padded to the longest proposal,
 and after verification each row is rolled back to its own accepted prefix. Pad positions are
 written to the cache but lie beyond the row's length, so no real query ever attends to them. Rows
-that finish leave the batch (their cache rows are dropped). Each row has its own drafter and its own
-random generator, so a row's output does not depend on which other rows share its batch.
+that finish leave the batch (their cache rows are dropped), and new rows may join between
+iterations (continuous batching, `BatchDecoder.add`). Each row has its own drafter, random
+generator, sampling parameters and γ, so a row's output does not depend on which other rows share
+its batch.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +43,181 @@ def _prefill(target, prompts: list[list[int]]) -> None:
     target.truncate_rows(torch.tensor([len(p) - 1 for p in prompts]))
 
 
+def _check(target, prompts: list[list[int]]) -> None:
+    if any(not p for p in prompts):
+        raise ExactSpecError("a prompt is empty")
+    if max(len(p) for p in prompts) >= target.max_length:
+        raise ExactSpecError(f"a prompt does not fit the {target.max_length}-token context")
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence of a batch, with everything that makes it decode exactly as it would alone."""
+
+    key: object  # the caller's handle (decode_batch: the row's index)
+    prompt: list[int]
+    drafter: Drafter | None
+    params: SamplingParams
+    gamma: int | AutoGamma  # a shared AutoGamma is asked once per iteration for all its rows
+    max_new_tokens: int
+    generator: torch.Generator | None
+    stats: Stats = field(default_factory=Stats)
+    cancelled: bool = False  # set by the caller: the row leaves when the current iteration ends
+    done: bool = False  # EOS, max_new_tokens or the context limit: it leaves when the iteration ends
+    context: list[int] = field(init=False)
+    produced: int = 0
+    started: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.context = list(self.prompt)
+
+
+class BatchDecoder:
+    """The batched loop, one iteration at a time, so that rows can join between iterations.
+
+        decoder = BatchDecoder(target)
+        decoder.add(rows)                        # between iterations only
+        while decoder.rows:
+            for row, tokens in decoder.step():   # consume each step to its end
+                ...                              # row.cancelled = True: it leaves after this step
+    """
+
+    def __init__(self, target, stop_on_eos: bool = True, verifier=verify, stats: Stats | None = None):
+        self.target, self.stop_on_eos, self.verifier = target, stop_on_eos, verifier
+        self.stats = stats if stats is not None else Stats()  # prefill time, batched target calls
+        self.rows: list[Row] = []  # in cache-row order
+
+    def start(self, rows: list[Row]) -> None:
+        """Begin an empty batch with `rows`, prefilled together (one forward, padded if prompts differ)."""
+        _check(self.target, [r.prompt for r in rows])
+        if self.rows:
+            raise ExactSpecError("the batch is running: add rows instead")
+        t0 = time.perf_counter()
+        _prefill(self.target, [r.prompt for r in rows])
+        self._admit(rows, time.perf_counter() - t0)
+
+    def add(self, rows: list[Row]) -> None:
+        """Prefill `rows` and append them to the batch (the rows it holds are untouched if this fails).
+        Consecutive rows with the same prompt (a request's n samples) share one prefill."""
+        _check(self.target, [r.prompt for r in rows])
+        t0 = time.perf_counter()
+        if not self.rows:
+            self.target.reset(0)
+        try:
+            i = 0
+            while i < len(rows):
+                copies = next((j for j in range(i, len(rows)) if rows[j].prompt != rows[i].prompt), len(rows)) - i
+                self.target.join(rows[i].prompt, copies)
+                i += copies
+        except BaseException:
+            self.target.select_rows(torch.arange(len(self.rows)))  # drop the rows that did join
+            raise
+        self._admit(rows, time.perf_counter() - t0)
+
+    def _admit(self, rows: list[Row], prefill_s: float) -> None:
+        self.stats.prefill_s += prefill_s
+        now = time.perf_counter()
+        for row in rows:
+            row.stats.prefill_s += prefill_s
+            row.started = now
+        self.rows += rows
+
+    @contextmanager
+    def lend(self) -> Iterator[object]:
+        """Use the target for something else between iterations (measuring its speed resets its
+        cache); the batch's cache is put back afterwards."""
+        saved = self.target.save_cache() if self.rows else None
+        try:
+            yield self.target
+        finally:
+            if saved is not None:
+                self.target.restore_cache(saved)
+
+    def step(self) -> Iterator[tuple[Row, list[int]]]:
+        """One iteration: every row drafts, ONE target forward scores every draft, each row verifies
+        its own. Yields (row, tokens) for each row; rows that are done, or that the caller cancels
+        while they are yielded, leave the batch once the iteration ends."""
+        rows = self.rows
+        room = self.target.max_length - max(len(r.context) for r in rows)
+        wants: dict[int, int] = {}  # one γ per AutoGamma policy per iteration
+        drafts = [self._draft(row, room, wants) for row in rows]  # per row: (ids [k], probs [k, V] | None)
+        width = max(len(ids) for ids, _ in drafts) + 1
+        feed = torch.zeros(len(rows), width, dtype=torch.long)  # [A, K+1], zero-padded
+        for j, (row, (ids, _)) in enumerate(zip(rows, drafts)):
+            feed[j, : len(ids) + 1] = torch.cat([torch.tensor([row.context[-1]]), ids])
+        target_probs = _warp_rows(self.target.forward_rows(feed), [r.params for r in rows])  # [A, K+1, V]
+
+        keep_lengths, still = [], []
+        for j, (row, (ids, probs)) in enumerate(zip(rows, drafts)):
+            keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1])
+            keep_lengths.append(keep)
+            yield row, emitted
+            if not row.done and not row.cancelled:
+                still.append(j)
+        self.stats.target_calls += 1
+        self.target.truncate_rows(torch.tensor(keep_lengths))
+        if len(still) < len(rows):
+            order = _compact(still)
+            self.target.select_rows(torch.tensor(order, dtype=torch.long))
+            self.rows = [rows[j] for j in order]
+
+    def _draft(self, row: Row, room: int, wants: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if isinstance(row.gamma, AutoGamma):
+            if id(row.gamma) not in wants:
+                wants[id(row.gamma)] = row.gamma.next_gamma()
+            want = wants[id(row.gamma)]
+        else:
+            want = row.gamma
+        k = min(want, row.max_new_tokens - row.produced - 1, room - 1)
+        proposal = row.drafter.propose(row.context, k, row.params, row.generator) if row.drafter and k > 0 else None
+        if proposal is None or len(proposal) == 0:
+            return torch.zeros(0, dtype=torch.long), None
+        return proposal.ids[:k], None if proposal.probs is None else proposal.probs[:k]
+
+    def _verify(self, row: Row, ids: torch.Tensor, probs: torch.Tensor | None,
+                target_probs: torch.Tensor) -> tuple[int, list[int]]:
+        """Accept a prefix of the row's drafts; returns (cache length to keep, tokens emitted)."""
+        k = len(ids)
+        tokens, accepted = self.verifier(ids[None], None if probs is None else probs[None],
+                                         target_probs[:, : k + 1], row.generator)
+        n = int(accepted[0])
+        if row.drafter is not None and k:
+            row.drafter.observe(k, n)
+            if isinstance(row.gamma, AutoGamma):
+                row.gamma.observe(k, n)
+        keep = len(row.context) + n
+        emitted = tokens[0, : n + 1].tolist()[: row.max_new_tokens - row.produced]
+        eos = self.target.eos_token_ids if self.stop_on_eos else ()
+        eos_at = next((i for i, t in enumerate(emitted) if t in eos), None)
+        if eos_at is not None:
+            emitted = emitted[: eos_at + 1]
+        row.stats.record(k, n, len(emitted))
+        row.context += emitted
+        row.produced += len(emitted)
+        row.stats.decode_s = time.perf_counter() - row.started
+        row.done = (eos_at is not None or row.produced >= row.max_new_tokens
+                    or len(row.context) >= self.target.max_length)
+        return keep, emitted
+
+
+def _warp_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits [A, K+1, V] -> probs [A, K+1, V], each row warped with its own parameters."""
+    if all(p == params[0] for p in params):
+        return warp(logits, params[0])
+    probs = torch.empty(logits.shape, dtype=torch.float32)
+    for p in dict.fromkeys(params):  # rows sharing parameters are warped together
+        rows = torch.tensor([j for j, q in enumerate(params) if q == p])
+        probs[rows] = warp(logits[rows], p)
+    return probs
+
+
+def _compact(still: list[int]) -> list[int]:
+    """An order of the surviving rows that moves the fewest cache rows: survivors already among the
+    first len(still) slots stay put, the others fill the holes left by the rows that leave."""
+    kept, tail = set(still), [j for j in still if j >= len(still)]
+    return [j if j in kept else tail.pop() for j in range(len(still))]
+
+
 def decode_batch(
     target,  # a batched CausalLM: forward_rows, truncate_rows, select_rows, reset(batch)
     drafters: list[Drafter | None],
@@ -56,67 +235,19 @@ def decode_batch(
     """Yield (row, tokens) each time a row accepts tokens. A row stops at EOS, max_new_tokens, the
     context limit, or when the caller adds its index to `cancelled`. An AutoGamma policy chooses one
     γ per iteration for the whole batch and learns from every row's outcome."""
-    if any(not p for p in prompts):
-        raise ExactSpecError("a prompt is empty")
-    if max(len(p) for p in prompts) >= target.max_length:
-        raise ExactSpecError(f"a prompt does not fit the {target.max_length}-token context")
+    _check(target, prompts)
     n_rows = len(prompts)
     row_stats = row_stats if row_stats is not None else [Stats() for _ in range(n_rows)]
     batch_stats = batch_stats if batch_stats is not None else Stats()
     cancelled = cancelled if cancelled is not None else set()
-    t0 = time.perf_counter()
-    _prefill(target, prompts)
-    batch_stats.prefill_s += time.perf_counter() - t0
-
-    contexts = [list(p) for p in prompts]
-    produced = [0] * n_rows
-    active = list(range(n_rows))  # original row ids, in cache-row order
+    decoder = BatchDecoder(target, stop_on_eos, verifier, batch_stats)
+    decoder.start([Row(r, prompts[r], drafters[r], params, gamma, max_new_tokens, generators[r], row_stats[r])
+                   for r in range(n_rows)])
     t_start = time.perf_counter()
-    while active:
-        room = target.max_length - max(len(contexts[r]) for r in active)
-        want = gamma.next_gamma() if isinstance(gamma, AutoGamma) else gamma
-        drafts = []  # per active row: (ids [k], probs [k, V] | None)
-        for r in active:
-            k = min(want, max_new_tokens - produced[r] - 1, room - 1)
-            proposal = drafters[r].propose(contexts[r], k, params, generators[r]) if drafters[r] and k > 0 else None
-            if proposal is None or len(proposal) == 0:
-                drafts.append((torch.zeros(0, dtype=torch.long), None))
-            else:
-                drafts.append((proposal.ids[:k], None if proposal.probs is None else proposal.probs[:k]))
-        width = max(len(ids) for ids, _ in drafts) + 1
-        feed = torch.zeros(len(active), width, dtype=torch.long)  # [A, K+1], zero-padded
-        for j, (r, (ids, _)) in enumerate(zip(active, drafts)):
-            feed[j, : len(ids) + 1] = torch.cat([torch.tensor([contexts[r][-1]]), ids])
-        target_probs = warp(target.forward_rows(feed), params)  # [A, K+1, V]
-
-        keep_lengths, still = [], []
-        for j, (r, (ids, probs)) in enumerate(zip(active, drafts)):
-            k = len(ids)
-            tokens, accepted = verifier(ids[None], None if probs is None else probs[None],
-                                        target_probs[j : j + 1, : k + 1], generators[r])
-            n = int(accepted[0])
-            if drafters[r] is not None and k:
-                drafters[r].observe(k, n)
-                if isinstance(gamma, AutoGamma):
-                    gamma.observe(k, n)
-            keep_lengths.append(len(contexts[r]) + n)
-            emitted = tokens[0, : n + 1].tolist()[: max_new_tokens - produced[r]]
-            eos_at = next((i for i, t in enumerate(emitted) if stop_on_eos and t in target.eos_token_ids), None)
-            if eos_at is not None:
-                emitted = emitted[: eos_at + 1]
-            row_stats[r].record(k, n, len(emitted))
-            contexts[r] += emitted
-            produced[r] += len(emitted)
-            row_stats[r].decode_s = time.perf_counter() - t_start
-            yield r, emitted
-            done = eos_at is not None or produced[r] >= max_new_tokens or len(contexts[r]) >= target.max_length
-            if not done and r not in cancelled:
-                still.append(j)
-        batch_stats.target_calls += 1
-        target.truncate_rows(torch.tensor(keep_lengths))
-        if len(still) < len(active):
-            target.select_rows(torch.tensor(still, dtype=torch.long))
-            active = [active[j] for j in still]
+    while decoder.rows:
+        for row, tokens in decoder.step():
+            yield row.key, tokens
+            row.cancelled = row.key in cancelled
     batch_stats.decode_s += time.perf_counter() - t_start
     _sum_rows_into(batch_stats, row_stats)
 

@@ -198,6 +198,22 @@ class Engine:
         if len(result.text) > sent:
             yield result.text[sent:]
 
+    def append_tokens(self, result: GenerationResult, tokens: list[int], stop: list[str] | None, sent: int,
+                      final: bool = False) -> tuple[str, bool]:
+        """`_run`'s detokenisation for callers that drive a decode loop themselves (the server's batch):
+        add newly accepted `tokens` to `result` one at a time, up to EOS or a stop string, and return
+        (the text after its first `sent` characters that is safe to send, whether EOS or a stop string
+        ended the generation). `final`: the loop ended it (length, context), so nothing is held back."""
+        stops = [s for s in (stop or []) if s]
+        done = False
+        for token in tokens:
+            result.token_ids.append(token)
+            if self._finish(result, stops):
+                done = True
+                break
+        safe = len(result.text) if done or final else _safe_prefix(result.text, stops)
+        return result.text[sent:safe] if safe > sent else "", done
+
 
 def _safe_prefix(text: str, stops: list[str]) -> int:
     """Length of `text` safe to emit: no trailing partial character, no possible start of a stop string."""

@@ -18,7 +18,7 @@ import time
 
 from ..engine import DRAFT_NAMES, Engine, check_gamma, check_same_vocab
 from ..errors import ExactSpecError
-from ..models.llama_cpp import LlamaCppLM, _import, load_llama_cpp
+from ..models.llama_cpp import LlamaCppLM, _import, load_llama_cpp, make_llama
 from ..models.torch_hf import load_tokenizer
 from ..sampling import SamplingParams
 from .runner import Method, exactspec_method
@@ -27,22 +27,24 @@ PROMPT_LOOKUP_TOKENS = 10
 
 
 def llamacpp_engine(path: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4,
-                    chat_template: bool = True, n_ctx: int | None = None, threads: int | None = None) -> Engine:
+                    chat_template: bool = True, n_ctx: int | None = None, threads: int | None = None,
+                    repack: bool | None = None, **llama_kwargs) -> Engine:
     """`Engine` over a GGUF target run by llama.cpp; the tokenizer is transformers' reading of the same
     GGUF (its ids are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter
-    name or a path to a draft GGUF (also run by llama.cpp)."""
+    name or a path to a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch,
+    flash_attn, type_k, ...)."""
     from ..embedded import embedded_model_path
 
     gamma = check_gamma(gamma)
     path = path or embedded_model_path()
     if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
-    target = load_llama_cpp(path, n_ctx=n_ctx, threads=threads)
+    target = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
     tokenizer = load_tokenizer(path)
     draft_lm = None
     if draft not in DRAFT_NAMES:
         draft_lm = load_llama_cpp(draft, n_ctx=target.max_length, threads=threads,
-                                  eos_token_ids=target.eos_token_ids)
+                                  eos_token_ids=target.eos_token_ids, repack=target.repack, **llama_kwargs)
         check_same_vocab(target, draft_lm, tokenizer, draft)
         draft = "model"
     return Engine(target, tokenizer, draft, gamma, draft_lm, chat_template)
@@ -89,12 +91,11 @@ def llamacpp_plain_method(engine: Engine) -> Method:
 def prompt_lookup_llama(target: LlamaCppLM, num_pred_tokens: int = PROMPT_LOOKUP_TOKENS):
     """A second `Llama` over the target's GGUF (same n_ctx, batch and threads) with llama-cpp-python's
     prompt-lookup draft model (which forces `logits_all`)."""
-    llama_cpp = _import()
+    _import()
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    return llama_cpp.Llama(model_path=target.path, n_ctx=target.max_length, n_batch=target.n_batch,
-                           n_ubatch=target.n_batch, n_threads=target.threads, n_threads_batch=target.threads,
-                           draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens), verbose=False)
+    return make_llama(target.path, target.repack, **target.context_kwargs(),
+                      draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens))
 
 
 def llamacpp_prompt_lookup_method(engine: Engine, num_pred_tokens: int = PROMPT_LOOKUP_TOKENS) -> Method:

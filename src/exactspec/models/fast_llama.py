@@ -43,8 +43,10 @@ class FastLlamaLM:
 
     The KV cache holds B rows, each with its own length: row b's next token goes to position
     lengths[b], and a query attends only to its own row's positions up to itself. Rows therefore
-    advance, roll back, leave or are duplicated independently (batched speculative decoding with
-    uneven acceptance). The `CausalLM` methods are the B = 1 view.
+    advance, roll back, leave, are duplicated or join independently (batched speculative decoding
+    with uneven acceptance, continuous batching). The cache tensors have room for at least B rows;
+    rows [0, B) are live, so rows leave and join by moving only the rows that change slot.
+    The `CausalLM` methods are the B = 1 view.
     """
 
     def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None, capacity: int = 1024):
@@ -80,15 +82,22 @@ class FastLlamaLM:
         self.v_cache = self._new_cache(batch, self.initial_capacity)
         self.lengths = torch.zeros(batch, dtype=torch.long)  # [B]
 
+    def _grow(self, rows: int, capacity: int) -> None:
+        """Room for at least `rows` rows of `capacity` positions (doubling); the live rows are kept."""
+        old_rows, old_capacity = self.k_cache.shape[1], self.k_cache.shape[3]
+        if rows <= old_rows and capacity <= old_capacity:
+            return
+        rows = max(rows, 2 * old_rows) if rows > old_rows else old_rows
+        capacity = min(max(capacity, 2 * old_capacity), self.max_length) if capacity > old_capacity else old_capacity
+        B = self.batch_size
+        for name in ("k_cache", "v_cache"):
+            old = getattr(self, name)
+            grown = self._new_cache(rows, capacity)
+            grown[:, :B, :, :old_capacity] = old[:, :B]
+            setattr(self, name, grown)
+
     def _ensure_capacity(self, needed: int) -> None:
-        capacity = self.k_cache.shape[3]
-        if needed > capacity:
-            new = min(max(needed, 2 * capacity), self.max_length)
-            for name in ("k_cache", "v_cache"):
-                old = getattr(self, name)
-                grown = self._new_cache(old.shape[1], new)
-                grown[:, :, :, :capacity] = old
-                setattr(self, name, grown)
+        self._grow(0, needed)
 
     @property
     def batch_size(self) -> int:
@@ -107,10 +116,48 @@ class FastLlamaLM:
             raise ValueError(f"cannot truncate to {lengths.tolist()}: {self.lengths.tolist()} tokens cached")
         self.lengths = lengths.clone()
 
+    @torch.inference_mode()
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep (or repeat) the given rows, in that order: finished rows leave, samples share a prefill."""
-        self.k_cache, self.v_cache = self.k_cache[:, rows], self.v_cache[:, rows]
+        """Keep (or repeat) the given rows, in that order: finished rows leave, samples share a prefill.
+        In place: only the rows whose slot changes are copied."""
+        rows = rows.long()
+        self._grow(len(rows), 0)
+        moved = (rows != torch.arange(len(rows))).nonzero().flatten()  # [M] slots that get another row
+        if len(moved):
+            for cache in (self.k_cache, self.v_cache):
+                cache[:, moved] = cache[:, rows[moved]]  # the right side is gathered first: overlap is safe
         self.lengths = self.lengths[rows]
+
+    def save_cache(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The cache as it stands, for `restore_cache` after the model was used for something else."""
+        return self.k_cache, self.v_cache, self.lengths
+
+    def restore_cache(self, saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        self.k_cache, self.v_cache, self.lengths = saved
+
+    @torch.inference_mode()
+    def join(self, prompt_ids: list[int], copies: int = 1) -> None:
+        """Append `copies` rows holding prompt_ids[:-1] after the live rows (continuous batching: a
+        request joins a running batch between iterations; its n samples share one prefill). The
+        prefill runs alone on a one-row scratch cache, exactly as a lone generation's would, so the
+        running rows are untouched if it fails."""
+        if not prompt_ids or len(prompt_ids) >= self.max_length:
+            raise ExactSpecError(f"a prompt of {len(prompt_ids)} tokens cannot join a {self.max_length}-token context")
+        width = len(prompt_ids) - 1
+        running = self.save_cache()
+        self.restore_cache((self._new_cache(1, max(width, 1)), self._new_cache(1, max(width, 1)),
+                            torch.zeros(1, dtype=torch.long)))
+        try:
+            if width:
+                self.forward_rows(torch.tensor([prompt_ids[:-1]]))
+            k_new, v_new, _ = self.save_cache()  # [L, 1, Hkv, width, d]
+        finally:
+            self.restore_cache(running)
+        B = self.batch_size
+        self._grow(B + copies, width)
+        self.k_cache[:, B : B + copies, :, :width] = k_new[:, :, :, :width]  # broadcast over the copies
+        self.v_cache[:, B : B + copies, :, :width] = v_new[:, :, :, :width]
+        self.lengths = torch.cat([self.lengths, torch.full((copies,), width, dtype=torch.long)])
 
     # --- forward -----------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -157,7 +204,7 @@ class FastLlamaLM:
             kk = self._rotate(kk.view(B, k, Hkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, k, d]
             self.k_cache[i][rows, :, positions] = kk.transpose(1, 2)  # index -> [B, k, Hkv, d]
             self.v_cache[i][rows, :, positions] = v.view(B, k, Hkv, d)
-            keys, values = self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end]  # [B, Hkv, end, d]
+            keys, values = self.k_cache[i, :B, :, :end], self.v_cache[i, :B, :, :end]  # [B, Hkv, end, d]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=H != Hkv)
             x = x + F.linear(attn.transpose(1, 2).reshape(B, k, H * d), layer.wo)
             gate, up = F.linear(self._rms(x, layer.norm2), layer.w_gate_up).chunk(2, dim=-1)

@@ -6,6 +6,26 @@ decoding then bypasses its high-level state: our own `llama_batch` asks for logi
 [length, inf))`. llama.cpp reuses the freed KV cells from the lowest one, so after a rollback the cache
 layout is the one a fresh evaluation would have (tested: logits equal a fresh evaluation).
 
+Repacking: llama.cpp may move quantized weights into "extra buffer types" (AVX/AMX repacked layouts).
+Its AMX kernels crash (SIGSEGV in ldtilecfg) on VMs whose CPU advertises AMX but whose hypervisor does not
+enable it (seen on a Firecracker VM). `repack=None` therefore probes once per process, in a subprocess,
+when the CPU advertises AMX, and disables extra buffers if the probe crashes; EXACTSPEC_LLAMACPP_REPACK=0/1
+overrides. The llama.cpp bench anchors are built with the same setting, so comparisons stay like for like.
+
+BATCH INVARIANCE: llama.cpp's CPU numerics depend on how many tokens one compute step (ubatch) holds,
+and this model family is sensitive enough for that to move logits by 1-3 and flip greedy choices:
+- without flash attention (llama-cpp-python's default), with an f16 KV cache, a token evaluated alone
+  differs from the same token inside any multi-token batch (from the third single-token step on; with
+  an f32 cache from KV length ~60 on);
+- with flash attention, ubatches of up to 63 tokens give bitwise-identical logits to one-token steps,
+  while ubatches of 64+ take another (tiled) kernel whose results differ.
+So verifying γ+1 tokens in one call reproduces one-token-at-a-time decoding exactly only with flash
+attention on and γ+1 < 64: we turn flash attention on by default. For our greedy output to also equal
+llama.cpp's OWN `Llama.generate` (which prefills the whole prompt in one batch, while we prefill
+prompt[:-1] and then feed the last token with the drafts), every ubatch must stay in the invariant
+regime: n_ubatch defaults to 32 (prefill ~1.2-1.4x slower than with 512 here). The bench anchors use the
+same context settings. Measured with llama-cpp-python 0.3.36 on an AVX-512 CPU; tests check it.
+
 Threads: llama.cpp uses `n_threads` for single-token batches and `n_threads_batch` for larger ones; we
 set both to the same number, or plain decoding (1 token) and verification (γ+1 tokens) would run on
 different thread counts and the cost model would compare unlike things.
@@ -13,8 +33,11 @@ different thread counts and the cost model would compare unlike things.
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import os
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import torch
@@ -23,6 +46,7 @@ from ..errors import ExactSpecError
 
 INSTALL_HINT = "llama-cpp-python is not installed: install the llamacpp extra: make llamacpp"
 DEFAULT_N_CTX = 4096
+DEFAULT_N_UBATCH = 32  # see BATCH INVARIANCE
 
 
 def _import():
@@ -40,6 +64,74 @@ def default_threads() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
+_PATCH_LOCK = threading.Lock()
+_PROBED: dict[str, bool] = {}
+
+
+@contextlib.contextmanager
+def _model_params(use_extra_bufts: bool):
+    """`llama_cpp.Llama` takes no argument for llama_model_params.use_extra_bufts: patch the defaults
+    it starts from while it is being constructed."""
+    import llama_cpp.llama_cpp as lib
+
+    with _PATCH_LOCK:
+        original = lib.llama_model_default_params
+
+        def defaults():
+            params = original()
+            params.use_extra_bufts = use_extra_bufts
+            return params
+
+        lib.llama_model_default_params = defaults
+        try:
+            yield
+        finally:
+            lib.llama_model_default_params = original
+
+
+def make_llama(path: str, repack: bool, **kwargs):
+    """`llama_cpp.Llama(path, verbose=False, **kwargs)` with weight repacking on or off."""
+    llama_cpp = _import()
+    with _model_params(repack):
+        return llama_cpp.Llama(model_path=path, verbose=False, **kwargs)
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
+_PROBE = """
+import sys, llama_cpp
+ll = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_ubatch=64, n_threads=2, n_threads_batch=2, verbose=False)
+ll.eval([i % ll.n_vocab() for i in range(1, 17)])
+ll.eval([1])
+"""
+
+
+def resolve_repack(path: str, repack: bool | None = None) -> bool:
+    """Whether to let llama.cpp repack weights (its default): explicit choice, else the environment
+    variable EXACTSPEC_LLAMACPP_REPACK, else yes unless the CPU advertises AMX and a probe subprocess
+    decoding with this model dies from a signal (cached per process and file; costs one model load)."""
+    if repack is not None:
+        return repack
+    env = os.environ.get("EXACTSPEC_LLAMACPP_REPACK")
+    if env is not None and env.strip() != "":
+        return env.strip().lower() not in ("0", "false", "no", "off")
+    if not _cpu_has_amx():
+        return True
+    if path not in _PROBED:
+        try:
+            done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=600)
+            _PROBED[path] = done.returncode >= 0  # killed by a signal = crashed; other errors surface on load
+        except (OSError, subprocess.TimeoutExpired):
+            _PROBED[path] = False
+    return _PROBED[path]
+
+
 def check_gguf_file(path: str) -> None:
     if not os.path.exists(path):
         raise ExactSpecError(f"model path not found: {path}")
@@ -54,7 +146,8 @@ class LlamaCppLM:
     """`CausalLM` (batch 1, sequence 0) over a llama.cpp context."""
 
     def __init__(self, path: str, n_ctx: int | None = None, threads: int | None = None,
-                 eos_token_ids: set[int] | None = None, n_batch: int = 512):
+                 eos_token_ids: set[int] | None = None, n_batch: int = 512, n_ubatch: int = DEFAULT_N_UBATCH,
+                 repack: bool | None = None, **llama_kwargs):
         llama_cpp = _import()
         check_gguf_file(path)
         self._lib = llama_cpp
@@ -63,10 +156,12 @@ class LlamaCppLM:
         train_ctx = _train_context(path)
         want = n_ctx or (min(DEFAULT_N_CTX, train_ctx) if train_ctx > 0 else DEFAULT_N_CTX)
         self.n_batch = max(1, min(n_batch, want))
+        self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
+        self.repack = resolve_repack(path, repack)
+        # extra `Llama` arguments (type_k, ...), reused by the bench anchors; see BATCH INVARIANCE above
+        self.llama_kwargs = {"flash_attn": True, **llama_kwargs}
         try:
-            self.llama = llama_cpp.Llama(
-                model_path=path, n_ctx=want, n_batch=self.n_batch, n_ubatch=self.n_batch,
-                n_threads=self.threads, n_threads_batch=self.threads, logits_all=False, verbose=False)
+            self.llama = make_llama(path, self.repack, **self.context_kwargs(want))
         except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError for unreadable models
             raise ExactSpecError(f"llama.cpp cannot load {path}: {str(e)[:200]}") from None
         self.ctx = self.llama.ctx
@@ -81,6 +176,11 @@ class LlamaCppLM:
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._length = 0
         self.reset()
+
+    def context_kwargs(self, n_ctx: int | None = None) -> dict:
+        """Context settings of this adapter, for another `Llama` over the same file (bench anchors)."""
+        return dict(n_ctx=n_ctx or self.max_length, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                    n_threads=self.threads, n_threads_batch=self.threads, **self.llama_kwargs)
 
     # --- cache -------------------------------------------------------------------------------
     @property
@@ -193,7 +293,7 @@ def _train_context(path: str) -> int:
 
 
 def load_llama_cpp(path: str, n_ctx: int | None = None, threads: int | None = None,
-                   eos_token_ids: set[int] | None = None) -> LlamaCppLM:
+                   eos_token_ids: set[int] | None = None, repack: bool | None = None, **kwargs) -> LlamaCppLM:
     """A GGUF file as a `CausalLM` on llama.cpp. ExactSpecError (one line) if llama-cpp-python is
-    missing or the file cannot be loaded."""
-    return LlamaCppLM(path, n_ctx=n_ctx, threads=threads, eos_token_ids=eos_token_ids)
+    missing or the file cannot be loaded. `kwargs`: n_batch, n_ubatch, or extra `llama_cpp.Llama` arguments."""
+    return LlamaCppLM(path, n_ctx=n_ctx, threads=threads, eos_token_ids=eos_token_ids, repack=repack, **kwargs)

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app: chat and text completions (streaming or not), models, health, metrics.
 
 The event loop only parses, tokenises, validates and relays; the model runs on the app's single
-worker thread (see worker.py), one sample at a time in arrival order.
+worker thread (see worker.py), which decodes concurrent requests, and the n samples of a request, as
+rows of one batch (continuous batching: new requests join between iterations).
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
 
 
-def create_app(engine: Engine, model_name: str = "exactspec") -> FastAPI:
-    """An app serving `engine` under `model_name`; it starts its worker thread on startup."""
+def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16) -> FastAPI:
+    """An app serving `engine` under `model_name`; it starts its worker thread on startup.
+    `max_rows`: samples decoded together in one batch (1: one at a time)."""
     metrics = Metrics()
-    worker = Worker(engine, metrics)
+    worker = Worker(engine, metrics, max_rows)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -112,20 +114,21 @@ def create_app(engine: Engine, model_name: str = "exactspec") -> FastAPI:
         return JSONResponse(shapes.response(prompt_tokens, [job.result for job in jobs]))
 
     async def run_all(jobs: list[Job]) -> None:
-        for job in jobs:
-            async for _ in worker.generate(job):
-                pass
+        async for _ in worker.generate_all(jobs):
+            pass
 
     async def stream(shapes: Shapes, body: GenerationRequest, endpoint: str, jobs: list[Job],
                      start: float) -> AsyncIterator[str]:
         metrics.running.inc()
         status = CLIENT_CLOSED  # until [DONE] is on its way
         try:
-            for index, job in enumerate(jobs):
+            for index in range(len(jobs)):
                 yield sse(shapes.chunk(index, first=True))
-                async for piece in worker.generate(job):
+            async for index, piece in worker.generate_all(jobs):  # the samples' pieces, interleaved
+                if piece is None:
+                    yield sse(shapes.chunk(index, finish_reason=jobs[index].result.finish_reason))
+                else:
                     yield sse(shapes.chunk(index, piece))
-                yield sse(shapes.chunk(index, finish_reason=job.result.finish_reason))
             if body.include_usage:
                 yield sse(shapes.usage_chunk(len(jobs[0].result.prompt_token_ids), [job.result for job in jobs]))
             status = 200

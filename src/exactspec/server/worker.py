@@ -1,24 +1,41 @@
-"""The one thread that runs the model: jobs are served first come, first served.
+"""The one thread that runs the model: requests are served first come, first served, as rows of one batch.
 
 The engine is not thread-safe and the event loop must never run the model, so a single worker
 thread owns the engine. Each job is one sample; its text pieces travel back to the event loop via
-`loop.call_soon_threadsafe` into an `asyncio.Queue` owned by the request. A consumer that stops
-listening (client gone, request cancelled) sets the job's cancel flag; the worker checks it between
-pieces and closes the generation. An exception in a job goes to that job's consumer only.
+`loop.call_soon_threadsafe` into an `asyncio.Queue` owned by the request.
+
+Continuous batching: the worker decodes every job it holds as a row of one batch (one target
+forward per iteration for all rows, see decode_batch.py). Between iterations it admits the jobs
+queued meanwhile, oldest first, up to `max_rows` rows; a request's n samples are queued together and
+join together, sharing one prefill. Each row keeps its own sampling parameters, γ, drafter and
+seed, so its output is exactly what it would be alone. A row leaves when it is done, hits a stop
+string, or its consumer stops listening (client gone, request cancelled: the job's cancel flag).
+
+Failures stay local: an exception while setting up a job, or in its detokenisation, goes to that
+job only; an exception in a batched iteration fails the rows of that batch, and the worker goes on
+with the queue. Targets without a batched cache, and draft models, run one job at a time instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from ..engine import Engine, GenerationResult
+import torch
+from prometheus_client import Histogram
+
+from ..costmodel import AutoGamma
+from ..decode_batch import BatchDecoder, Row
+from ..engine import Engine, GenerationResult, check_gamma
+from ..errors import ExactSpecError
+from ..sampling import SamplingParams
 from .metrics import Metrics
 
 Emit = Callable[[tuple[str, object]], None]
+NOT_SAMPLING = ("max_new_tokens", "stop", "seed", "gamma", "draft", "chat_template")
 
 
 @dataclass
@@ -30,12 +47,27 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
-class Worker:
-    """Owns the engine; `generate` is the event loop's async view of one job."""
+@dataclass(eq=False)
+class _Slot:
+    """A job in the worker's hands: where its events go and how much of its text was sent."""
 
-    def __init__(self, engine: Engine, metrics: Metrics) -> None:
-        self.engine, self.metrics = engine, metrics
-        self._jobs: queue.Queue[tuple[Job, Emit] | None] = queue.Queue()
+    job: Job
+    emit: Emit
+    sent: int = 0
+    closed: bool = False  # its last event ("done" or "error") is sent
+
+
+class Worker:
+    """Owns the engine; `generate` and `generate_all` are the event loop's async view of jobs."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, max_rows: int = 16) -> None:
+        self.engine, self.metrics, self.max_rows = engine, metrics, max_rows
+        self.batched = max_rows > 1 and hasattr(engine.target, "join") and engine.draft != "model"
+        self.batch_rows = Histogram("exactspec_batch_rows", "Rows decoded by each batched target forward",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64), registry=metrics.registry)
+        self._waiting: deque[list[_Slot] | None] = deque()  # one entry per request (its samples); None: stop
+        self._queued = 0
+        self._ready = threading.Condition()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="exactspec-worker", daemon=True)
 
@@ -45,8 +77,9 @@ class Worker:
 
     @property
     def queued(self) -> int:
-        """Jobs waiting for the worker (not counting the one it runs)."""
-        return self._jobs.qsize()
+        """Jobs waiting for the worker (not counting those in its batch)."""
+        with self._ready:
+            return self._queued
 
     def start(self) -> None:
         self._thread.start()
@@ -54,48 +87,94 @@ class Worker:
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the running and queued jobs, then end the thread."""
         self._stopping.set()
-        self._jobs.put(None)
+        self._put(None)
         self._thread.join(timeout)
 
     async def generate(self, job: Job) -> AsyncIterator[str]:
         """Queue `job` and yield its text pieces; `job.result` is complete when this ends normally.
         Leaving early (break, exception, task cancellation) cancels the job."""
+        async for _, piece in self.generate_all([job]):
+            if piece is not None:
+                yield piece
+
+    async def generate_all(self, jobs: list[Job]) -> AsyncIterator[tuple[int, str | None]]:
+        """Queue `jobs` together (a request's samples: they join the same batch) and yield
+        (index, text piece) as pieces arrive, and (index, None) once job `index` is complete. The
+        first job error is raised here; leaving early cancels the jobs that are not finished."""
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
-        def emit(event: tuple[str, object]) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                job.cancel.set()
+        def emitter(index: int, job: Job) -> Emit:
+            def emit(event: tuple[str, object]) -> None:
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, (index, *event))
+                except RuntimeError:  # the loop is closed: nobody is listening any more
+                    job.cancel.set()
+            return emit
 
-        self._jobs.put((job, emit))
-        finished = False
+        self._put([_Slot(job, emitter(i, job)) for i, job in enumerate(jobs)])
+        pending = set(range(len(jobs)))
         try:
-            while True:
-                kind, value = await events.get()
+            while pending:
+                index, kind, value = await events.get()
                 if kind == "piece":
-                    yield value
+                    yield index, value
                 elif kind == "error":
-                    finished = True
+                    pending.discard(index)
                     raise value
                 else:
-                    finished = True
-                    return
+                    pending.discard(index)
+                    yield index, None
         finally:
-            if not finished:
-                job.cancel.set()
+            for index in pending:
+                jobs[index].cancel.set()
 
+    # --- the queue -----------------------------------------------------------------------------
+    def _put(self, entry: list[_Slot] | None) -> None:
+        with self._ready:
+            self._waiting.append(entry)
+            self._queued += len(entry or [])
+            self._ready.notify()
+
+    def _next(self) -> list[_Slot] | None:
+        """The oldest entry, waiting for one; None: stop."""
+        with self._ready:
+            while not self._waiting:
+                self._ready.wait()
+            entry = self._waiting.popleft()
+            self._queued -= len(entry or [])
+            return entry
+
+    def _more(self, room: int) -> list[list[_Slot]]:
+        """The oldest entries that fit in `room` rows, without waiting (first come, first served:
+        an entry that does not fit holds back the ones behind it)."""
+        taken = []
+        with self._ready:
+            while self._waiting and self._waiting[0] is not None and len(self._waiting[0]) <= room:
+                entry = self._waiting.popleft()
+                self._queued -= len(entry)
+                room -= len(entry)
+                taken.append(entry)
+        return taken
+
+    # --- serving -------------------------------------------------------------------------------
     def _serve(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            job, emit = item
-            try:
-                self._run(job, emit)
-            except Exception as e:  # delivered to this job's request only
-                emit(("error", e))
+        while (entry := self._next()) is not None:
+            if self.batched:
+                self._serve_batch(entry)
             else:
-                emit(("done", None))
+                for slot in entry:
+                    self._serve_one(slot)
 
-    def _run(self, job: Job, emit: Emit) -> None:
+    def _serve_one(self, slot: _Slot) -> None:
+        try:
+            self._run(slot)
+        except Exception as e:  # delivered to this job's request only
+            self._close(slot, ("error", e))
+        else:
+            self._close(slot, ("done", None))
+
+    def _run(self, slot: _Slot) -> None:
+        job = slot.job
         if self._cancelled(job):  # its client left while it was queued
             self.metrics.cancelled.inc()
             return
@@ -106,10 +185,94 @@ class Worker:
                 if self._cancelled(job):
                     cancelled = True
                     break
-                emit(("piece", piece))
+                slot.emit(("piece", piece))
         finally:
             pieces.close()
         self.metrics.observe_generation(job.result, cancelled)
+
+    def _serve_batch(self, entry: list[_Slot]) -> None:
+        """Decode `entry` and every job admitted meanwhile as one batch, until no row is left."""
+        decoder = BatchDecoder(self.engine.target)
+        self._admit(decoder, entry)
+        while decoder.rows:
+            self.batch_rows.observe(len(decoder.rows))
+            try:
+                for row, tokens in decoder.step():
+                    self._deliver(row, tokens)
+            except Exception as e:  # the batched iteration failed: its rows fail, the worker goes on
+                for row in decoder.rows:
+                    if not row.key.closed:
+                        self._close(row.key, ("error", e))
+                return
+            for more in self._more(self.max_rows - len(decoder.rows)):
+                self._admit(decoder, more)
+
+    def _admit(self, decoder: BatchDecoder, entry: list[_Slot]) -> None:
+        """Set up a request's jobs as rows and join them to the batch; a failure fails only its jobs."""
+        rows = []
+        for slot in entry:
+            if self._cancelled(slot.job):  # its client left while it was queued
+                self.metrics.cancelled.inc()
+                self._close(slot, ("done", None))
+                continue
+            try:
+                rows.append(self._row(decoder, slot))
+            except Exception as e:
+                self._close(slot, ("error", e))
+        if not rows:
+            return
+        try:
+            decoder.add(rows)
+        except Exception as e:
+            for row in rows:
+                self._close(row.key, ("error", e))
+
+    def _row(self, decoder: BatchDecoder, slot: _Slot) -> Row:
+        """The job's row, set up as `Engine.stream_ids` sets up a lone generation."""
+        engine, options, result = self.engine, slot.job.options, slot.job.result
+        max_new_tokens = options.get("max_new_tokens", 256)
+        if max_new_tokens <= 0:
+            raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        params = SamplingParams(**{k: v for k, v in options.items() if k not in NOT_SAMPLING})
+        gamma = engine.gamma if options.get("gamma") is None else check_gamma(options["gamma"])
+        seed = options.get("seed")
+        generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
+        draft = options.get("draft")
+        drafter = engine.make_drafter(draft) if gamma != 0 else None
+        if gamma == "auto":
+            with decoder.lend():  # the first measurement of the target's speed resets its cache
+                gamma = AutoGamma(engine.cost_model(draft), engine.prior_alpha) if drafter is not None else 0
+        return Row(slot, result.prompt_token_ids, drafter, params, gamma, max_new_tokens, generator, result.stats)
+
+    def _deliver(self, row: Row, tokens: list[int]) -> None:
+        """Send a row's new text; end its job when it is done, stopped, cancelled or failing."""
+        slot = row.key
+        if self._cancelled(slot.job):
+            row.cancelled = True
+            self._end(slot, cancelled=True)
+            return
+        try:
+            piece, stopped = self.engine.append_tokens(slot.job.result, tokens, slot.job.options.get("stop"),
+                                                       slot.sent, final=row.done)
+        except Exception as e:  # this job's detokenisation failed: it alone fails
+            row.cancelled = True
+            self._close(slot, ("error", e))
+            return
+        if piece:
+            slot.sent += len(piece)
+            slot.emit(("piece", piece))
+        if stopped or row.done:
+            row.cancelled = True
+            self._end(slot, cancelled=False)
+
+    def _end(self, slot: _Slot, cancelled: bool) -> None:
+        self.metrics.observe_generation(slot.job.result, cancelled)
+        self._close(slot, ("done", None))
+
+    @staticmethod
+    def _close(slot: _Slot, event: tuple[str, object]) -> None:
+        slot.closed = True
+        slot.emit(event)
 
     def _cancelled(self, job: Job) -> bool:
         return job.cancel.is_set() or self._stopping.is_set()
