@@ -15,10 +15,13 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics. "
-                    "One worker thread runs one sample at a time, in arrival order.")
+                    "One worker thread runs the model; concurrent requests (and a request's n samples) "
+                    "decode as rows of one batch, new requests joining between iterations.")
     _add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--max-rows", type=int, default=16, metavar="N",
+                   help="most samples decoded together in one batch (default 16; 1 = one at a time)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id reported by /v1/models and in responses (default: the target's file name)")
     p.set_defaults(func=cmd_serve)
@@ -31,6 +34,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..engine import check_gamma
 
     args.gamma = check_gamma(args.gamma)
+    if args.max_rows < 1:
+        raise ExactSpecError(f"--max-rows must be >= 1, got {args.max_rows}")
     if not 0 < args.port < 65536:
         raise ExactSpecError(f"--port must be in 1..65535, got {args.port}")
     try:
@@ -41,7 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ExactSpecError(f"the server needs its extra dependencies ({e.name} is missing): "
                              "pip install 'exactspec[server]'") from None
     engine = load_engine(args)
-    uvicorn.run(create_app(engine, model_name=args.model_name or default_model_name(args.target)),
+    uvicorn.run(create_app(engine, args.model_name or default_model_name(args.target), args.max_rows),
                 host=args.host, port=args.port, log_level="info")
     return 0
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_N = 8  # samples per request; they run one after another on the single worker
+MAX_N = 8  # samples per request; they decode as rows of the running batch
 
 
 class _Strict(BaseModel):
