@@ -99,3 +99,12 @@ def test_auto_needs_a_margin_before_speculating():
     assert cost.best_gamma(0.02) > 0 and cost.predicted_speedup(0.02, cost.best_gamma(0.02)) < 1.05
     assert AutoGamma(cost, prior_alpha=0.02, prior_strength=1000).next_gamma() == 0
     assert AutoGamma(cost, prior_alpha=0.5).next_gamma() == 2
+
+
+def test_auto_corrects_a_wrong_draft_cost_from_real_proposals():
+    cost = CostModel(target_s=[0.05, 0.0505, 0.051, 0.0515], draft_s_per_token=1.0)  # a bad one-off reading
+    auto = AutoGamma(cost, prior_alpha=0.6)
+    assert auto.next_gamma() == 0
+    auto.observe(1, 1, draft_s=0.0001)  # a probe's real drafting time
+    assert cost.draft_s_per_token == pytest.approx(0.0001)
+    assert auto.next_gamma() == 3

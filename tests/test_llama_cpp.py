@@ -13,6 +13,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not instal
 
 from exactspec.bench.llamacpp import (  # noqa: E402
     llamacpp_engine, llamacpp_generate, llamacpp_methods, prompt_lookup_llama)
+from exactspec.bench.workloads import load_workload  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
@@ -27,6 +28,9 @@ from .test_greedy import REAL_PROMPTS  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 N_NEW = 40
+# real prompts: the short ones of test_greedy and two long grounded ones (74 and 99 tokens with the chat
+# template: a prefill in one ubatch of 64+ tokens would take llama.cpp's other attention kernel)
+PROMPTS = REAL_PROMPTS + load_workload("grounded")[:2]
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +48,19 @@ def ours(engine, ids, gamma, draft, n=N_NEW, stats=None):
 
 
 # --- greedy identity on the embedded GGUF ------------------------------------------------------------
-@pytest.mark.parametrize("prompt", REAL_PROMPTS)
+@pytest.mark.parametrize("prompt", PROMPTS, ids=[f"prompt{i}" for i in range(len(PROMPTS))])
 def test_greedy_identity_prompt_lookup(engine, prompt):
     ids = engine.encode(prompt)
-    ref = reference(engine, ids)
+    ref = reference(engine, ids, 64 if len(ids) > 64 else N_NEW)
     assert len(ref) > 0
-    assert ours(engine, ids, 0, "none") == ref, "exactspec plain decoding on llama.cpp != llama.cpp generate"
+    assert ours(engine, ids, 0, "none", n=len(ref)) == ref, "our plain decoding != llama.cpp's generate"
     for gamma in range(1, 7):
         stats = Stats()
-        assert ours(engine, ids, gamma, "prompt-lookup", stats=stats) == ref, f"gamma={gamma}"
+        assert ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats) == ref, f"gamma={gamma}"
         assert stats.target_calls > 0
 
 
-@pytest.mark.parametrize("prompt", REAL_PROMPTS[:2])
+@pytest.mark.parametrize("prompt", REAL_PROMPTS[:2], ids=["prompt0", "prompt1"])
 def test_greedy_identity_bigram(engine, prompt):
     ids = engine.encode(prompt)
     ref = reference(engine, ids, 24)
@@ -73,9 +77,10 @@ def test_greedy_identity_auto_gamma(engine):
 
 def test_llama_cpp_prompt_lookup_anchor_is_greedy_identical(engine):
     """The llamacpp-prompt-lookup bench row decodes the same tokens (so its speed is comparable)."""
-    ids = engine.encode(REAL_PROMPTS[1])
+    ids = engine.encode(load_workload("grounded")[0])
     llama = prompt_lookup_llama(engine.target)
-    assert llamacpp_generate(llama, ids, GREEDY, N_NEW, 0, engine.target.eos_token_ids) == reference(engine, ids)
+    ref = reference(engine, ids, 64)
+    assert llamacpp_generate(llama, ids, GREEDY, 64, 0, engine.target.eos_token_ids) == ref
     methods = llamacpp_methods(engine, prompt_lookup=False)
     n, seconds, stats = methods[0].run(ids, GREEDY, 8, 0)
     assert methods[0].method == "llamacpp-plain" and n == 8 and seconds > 0 and stats is None
@@ -84,7 +89,7 @@ def test_llama_cpp_prompt_lookup_anchor_is_greedy_identical(engine):
 def test_tokenizer_agrees_with_llama_cpp(engine):
     """The HF tokenizer read from the GGUF and llama.cpp's own tokenizer give the same ids."""
     llama = engine.target.llama
-    for prompt in REAL_PROMPTS:
+    for prompt in REAL_PROMPTS + load_workload("grounded") + load_workload("chat"):
         chat = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                     add_generation_prompt=True)
         for text in (prompt, chat):
@@ -126,6 +131,31 @@ def test_rollback_equals_fresh_evaluation(engine):
         torch.testing.assert_close(torch.cat([part, rest], 1), fresh[:, cut:], atol=1e-3, rtol=1e-4)
     lm.reset()
     assert lm.length == 0
+
+
+def test_batch_split_does_not_change_logits(engine):
+    """What greedy identity with llama.cpp's own generation rests on (flash attention, n_ubatch=32):
+    one-token steps, γ+1-token verification calls and a one-call prefill give bitwise-equal logits."""
+    lm = engine.target
+    ids = engine.encode(load_workload("grounded")[0])
+    assert len(ids) > 64
+
+    def run(chunks):
+        lm.reset()
+        out, i = [], 0
+        for c in chunks:
+            out.append(lm.forward(torch.tensor([ids[i:i + c]])))
+            i += c
+        return torch.cat(out, 1)
+
+    singles = run([1] * len(ids))
+    assert torch.equal(run([len(ids)]), singles)
+    assert torch.equal(run([len(ids) - 20] + [5] * 4), singles)
+    lm.reset()
+    lm.prefill(torch.tensor([ids[:-20]]))  # the logit-free prefill leaves the same cache
+    assert lm.length == len(ids) - 20
+    assert torch.equal(lm.forward(torch.tensor([ids[-20:]])), singles[:, -20:])
+    lm.reset()
 
 
 def test_adapter_errors(engine, tmp_path):

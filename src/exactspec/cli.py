@@ -20,7 +20,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "no drafting, or a path to a smaller model sharing the target's vocabulary")
     p.add_argument("--gamma", default="4", help="draft tokens per target call: N (0 = plain decoding; default 4) or "
                    "\"auto\" (chosen every iteration from measured costs and the running acceptance rate)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (torch, and llama.cpp's with --backend llama.cpp)")
+    _add_backend_arg(p)
+
+
+def _add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch",
+                   help="run the target with PyTorch (default) or llama.cpp (GGUF only; install with: make llamacpp)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -78,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch", metavar="B,...", help="instead: batched throughput for these batch sizes "
                        "(batched speculative vs batched plain vs B sequential runs), e.g. 1,4,8")
     bench.add_argument("--threads", type=int, default=None)
+    _add_backend_arg(bench)
     bench.set_defaults(func=cmd_bench)
 
     tune = sub.add_parser("tune", help="measure costs and acceptance; recommend gamma",
@@ -112,7 +120,7 @@ def load_engine(args: argparse.Namespace, **kwargs):
 
     quiet = contextlib.redirect_stderr(io.StringIO()) if not sys.stderr.isatty() else contextlib.nullcontext()
     with quiet:  # transformers' GGUF loader draws its tqdm bar unconditionally
-        return load(args.target, args.draft, args.gamma, threads=args.threads, **kwargs)
+        return load(args.target, args.draft, args.gamma, threads=args.threads, backend=args.backend, **kwargs)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -203,10 +211,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.batch:
         return _bench_batch(engine, args, [int(b) for b in _floats(args.batch)], workloads[0], temperatures[0],
                             drafters[0], gammas[0], max_new, reps)
-    hf_draft = engine.draft_model.module if engine.draft_model is not None else None
+    hf_draft = engine.draft_model.module if engine.draft_model is not None and args.backend == "torch" else None
     if args.draft_model:
         engine.draft = "model"
-    methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft)
+    methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft, args.backend)
     total = len(methods) * len(workloads) * len(temperatures) * prompts * reps
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
         rows = run_bench(engine, methods, workloads, temperatures, prompts, reps, max_new, bar)

@@ -25,10 +25,18 @@ from .theory import expected_tokens
 class CostModel:
     target_s: list[float]  # [k-1]: seconds for one target forward over k new tokens (warm cache)
     draft_s_per_token: float = 0.0  # seconds the drafter spends per proposed token
+    draft_observations: int = 0  # proposals that refined draft_s_per_token
 
     @property
     def max_gamma(self) -> int:
         return len(self.target_s) - 1
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        """Refine the drafter's cost from real proposals: the first replaces the one-off measurement,
+        later ones move it by 20%."""
+        weight = 1.0 if self.draft_observations == 0 else 0.2
+        self.draft_s_per_token += weight * (seconds_per_token - self.draft_s_per_token)
+        self.draft_observations += 1
 
     def ratios(self) -> list[float]:
         """T(k) / T(1) for k = 1..K."""
@@ -100,10 +108,14 @@ class AutoGamma:
             return 1
         return 0
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, proposed: int, accepted: int, draft_s: float | None = None) -> None:
+        """Outcome of one proposal; `draft_s` (its drafting time) refines the drafter's measured cost,
+        which a one-off measurement on a busy machine can get badly wrong."""
         if proposed:
             self.successes += accepted
             self.failures += accepted < proposed
+            if draft_s is not None:
+                self.cost.observe_draft(draft_s / proposed)
 
 
 def measure_drafter(drafter, vocab_size: int, params, k: int = 4, context: int = 100, reps: int = 5) -> float:

@@ -75,7 +75,7 @@ def decode(
         if drafter is not None and len(draft_ids):
             drafter.observe(len(draft_ids), n)
             if isinstance(gamma, AutoGamma):
-                gamma.observe(len(draft_ids), n)
+                gamma.observe(len(draft_ids), n, t_verify - t)
 
         emitted = tokens[0, : n + 1].tolist()[: max_new_tokens - produced]
         eos_at = next((i for i, tok in enumerate(emitted) if stop_on_eos and tok in target.eos_token_ids), None)

@@ -51,7 +51,7 @@ class Engine:
         self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (exactspec tune measures it)
         self._target_costs: list[float] | None = None
-        self._draft_costs: dict[str, float] = {}
+        self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
 
     # --- prompt handling -------------------------------------------------------------------
     def encode(self, prompt: str | list[dict], chat_template: bool | None = None) -> list[int]:
@@ -82,15 +82,17 @@ class Engine:
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
 
     def cost_model(self, draft: str | None = None, max_gamma: int = 8) -> CostModel:
-        """Measured T(k) of the target (once) and the drafter's time per token (once per drafter)."""
+        """Measured T(k) of the target (once) and the drafter's time per token (measured once per
+        drafter, then refined by every auto-gamma proposal)."""
         draft = self.draft if draft is None else draft
         if self._target_costs is None:
             self._target_costs = measure_target(self.target, max_k=max_gamma + 1)
-        if draft not in self._draft_costs:
+        if draft not in self._costs:
             drafter = self.make_drafter(draft)
-            self._draft_costs[draft] = 0.0 if drafter is None else measure_drafter(
-                drafter, self.target.vocab_size, SamplingParams(temperature=1.0))
-        return CostModel(self._target_costs, self._draft_costs[draft])
+            draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
+                                                                  SamplingParams(temperature=1.0))
+            self._costs[draft] = CostModel(self._target_costs, draft_s)
+        return self._costs[draft]
 
     # --- generation ------------------------------------------------------------------------
     def stream_ids(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int = 256,
@@ -240,13 +242,21 @@ def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast
 
 
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4, chat_template: bool = True,
-         dtype: torch.dtype = torch.float32, threads: int | None = None, fast: bool = True) -> Engine:
+         dtype: torch.dtype = torch.float32, threads: int | None = None, fast: bool = True,
+         backend: str = "torch") -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model.
-    `gamma` is drafts per target call, or "auto" (chosen each iteration from measured costs)."""
+    `gamma` is drafts per target call, or "auto" (chosen each iteration from measured costs).
+    `backend`: "torch" (default) or "llama.cpp" (GGUF files only; needs the llamacpp extra)."""
     gamma = check_gamma(gamma)
     if threads:
         torch.set_num_threads(threads)
+    if backend not in ("torch", "llama.cpp"):
+        raise ExactSpecError(f"unknown backend {backend!r}: choose torch or llama.cpp")
+    if backend == "llama.cpp":
+        from .bench.llamacpp import llamacpp_engine  # lazy: bench.llamacpp imports this module
+
+        return llamacpp_engine(target, draft, gamma, chat_template, threads=threads)
     path = target or embedded_model_path()
     if draft not in DRAFT_NAMES and not os.path.exists(draft):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")

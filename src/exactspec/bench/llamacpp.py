@@ -10,6 +10,11 @@ Both anchors start from an empty cache every run (no prefix reuse across runs), 
 up to and including EOS, and time prefill + decode, as exactspec's rows do. Their sampler is llama.cpp's:
 for T > 0 it applies top-k/top-p/min-p BEFORE temperature (exactspec warps temperature first, as HF
 does), so only with top_p = 1 and min_p = 0 (the bench default) do both sample the same law.
+
+The anchors use the target's context settings (threads, n_ctx, n_ubatch=32, flash attention): with them,
+both anchors and every exactspec row decode the same greedy tokens (tested). With llama-cpp-python's
+defaults (no flash attention) even its own prompt lookup drifts from its own plain decoding on 8 of the
+10 bench prompts (see models/llama_cpp.py, BATCH INVARIANCE).
 """
 
 from __future__ import annotations
