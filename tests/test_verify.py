@@ -145,3 +145,17 @@ def test_seeded_determinism():
 def test_shape_mismatch_is_refused():
     with pytest.raises(ValueError):
         verify(torch.zeros(1, 2, dtype=torch.long), None, torch.rand(1, 2, 5))
+
+
+def test_greedy_fast_path_equals_verify_on_one_hot_laws():
+    from exactspec.verify import verify_greedy
+
+    gen = torch.Generator().manual_seed(4)
+    batch, gamma, vocab = 200, 5, 4  # small vocab: every acceptance length occurs
+    logits = torch.randn(batch, gamma + 1, vocab, generator=gen)
+    corrupt = torch.rand(batch, gamma, generator=gen) < 0.3  # drafts mostly right, sometimes wrong
+    draft_ids = torch.where(corrupt, torch.randint(0, vocab, (batch, gamma), generator=gen), logits[:, :gamma].argmax(-1))
+    expected = verify(draft_ids, None, warp(logits, SamplingParams(temperature=0)), gen)
+    tokens, n = verify_greedy(draft_ids, logits.argmax(-1))
+    assert torch.equal(tokens, expected[0]) and torch.equal(n, expected[1])
+    assert set(n.tolist()) == set(range(gamma + 1))

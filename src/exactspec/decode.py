@@ -19,7 +19,7 @@ from .errors import ExactSpecError
 from .models.base import CausalLM
 from .sampling import SamplingParams, warp
 from .stats import Stats
-from .verify import verify
+from .verify import verify, verify_greedy
 
 Verifier = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -65,10 +65,13 @@ def decode(
         stats.draft_s += t_verify - t
 
         feed = torch.cat([torch.tensor([context[-1]]), draft_ids])[None]  # [1, k+1]
-        target_probs = warp(target.forward(feed), params)  # [1, k+1, V]
-        tokens, num_accepted = verifier(
-            draft_ids[None], None if draft_probs is None else draft_probs[None], target_probs, generator
-        )
+        logits = target.forward(feed)  # [1, k+1, V]
+        if params.greedy and verifier is verify:  # same outputs, no [k+1, V] one-hot tensors
+            tokens, num_accepted = verify_greedy(draft_ids[None], logits.argmax(-1))
+        else:
+            tokens, num_accepted = verifier(
+                draft_ids[None], None if draft_probs is None else draft_probs[None], warp(logits, params), generator
+            )
         n = int(num_accepted[0])
         target.truncate(len(context) + n)
         stats.verify_s += time.perf_counter() - t_verify

@@ -49,7 +49,7 @@ class Engine:
         self.gamma = check_gamma(gamma)
         self.draft_model = draft_model
         self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
-        self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (exactspec tune measures it)
+        self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
         self._target_costs: list[float] | None = None
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
 

@@ -56,6 +56,21 @@ def verify_with_uniforms(
     return tokens.masked_fill(after, PAD), num_accepted
 
 
+def verify_greedy(
+    draft_ids: torch.Tensor,  # [B, γ] long
+    target_ids: torch.Tensor,  # [B, γ+1] long: the target's argmax at each position
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` on one-hot laws (temperature 0), without building [B, γ+1, V] tensors: drafts are
+    accepted while they equal the target's argmax; the target's next argmax follows. Same outputs."""
+    batch, gamma = draft_ids.shape
+    num_accepted = (draft_ids == target_ids[:, :gamma]).long().cumprod(-1).sum(-1)  # [B]
+    tokens = torch.cat([draft_ids, draft_ids.new_full((batch, 1), PAD)], dim=1)  # [B, γ+1]
+    rows = torch.arange(batch)
+    tokens[rows, num_accepted] = target_ids[rows, num_accepted]
+    after = torch.arange(gamma + 1)[None, :] > num_accepted[:, None]
+    return tokens.masked_fill(after, PAD), num_accepted
+
+
 def verify(
     draft_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
