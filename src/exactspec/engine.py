@@ -94,18 +94,23 @@ class Engine:
             self._costs[draft] = CostModel(self._target_costs, draft_s)
         return self._costs[draft]
 
+    def drafting(self, gamma: int | str | None = None, draft: str | None = None) -> tuple[Drafter | None, int | AutoGamma]:
+        """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over this
+        engine's cost model for "auto" (γ = 0, or no drafter, means plain decoding)."""
+        gamma = self.gamma if gamma is None else check_gamma(gamma)
+        drafter = self.make_drafter(draft) if gamma != 0 else None
+        if gamma == "auto":
+            gamma = AutoGamma(self.cost_model(draft), self.prior_alpha) if drafter is not None else 0
+        return drafter, gamma
+
     # --- generation ------------------------------------------------------------------------
     def stream_ids(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int = 256,
                    gamma: int | str | None = None, seed: int | None = None, stats: Stats | None = None,
                    draft: str | None = None) -> Iterator[int]:
         if max_new_tokens <= 0:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        gamma = self.gamma if gamma is None else check_gamma(gamma)
-        generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
-        drafter = self.make_drafter(draft) if gamma != 0 else None
-        if gamma == "auto":
-            gamma = AutoGamma(self.cost_model(draft), self.prior_alpha) if drafter is not None else 0
-        return decode(self.target, drafter, prompt_ids, params, gamma, max_new_tokens, generator, stats)
+        drafter, policy = self.drafting(gamma, draft)
+        return decode(self.target, drafter, prompt_ids, params, policy, max_new_tokens, seeded(seed), stats)
 
     def stream(self, prompt: str | list[dict], max_new_tokens: int = 256, stop: list[str] | None = None,
                seed: int | None = None, gamma: int | None = None, chat_template: bool | None = None,
@@ -146,14 +151,12 @@ class Engine:
         draft = self.draft if draft is None else draft
         if not hasattr(self.target, "forward_rows") or draft == "model":
             return self._sequential(results, max_new_tokens, stop, base, gamma, draft, params)
-        gamma = self.gamma if gamma is None else check_gamma(gamma)
-        drafters = [self.make_drafter(draft) if gamma != 0 else None for _ in results]
-        if gamma == "auto":
-            gamma = AutoGamma(self.cost_model(draft), self.prior_alpha) if drafters[0] is not None else 0
+        first, policy = self.drafting(gamma, draft)  # one policy for the batch, one drafter per row
+        drafters = [first] + [self.make_drafter(draft) if first else None for _ in results[1:]]
         batch_stats, cancelled = Stats(), set()
         gens = [torch.Generator().manual_seed(base + i) for i in range(len(results))]
         for row, tokens in decode_batch(self.target, drafters, [r.prompt_token_ids for r in results], params,
-                                        gamma, max_new_tokens, gens, [r.stats for r in results], batch_stats,
+                                        policy, max_new_tokens, gens, [r.stats for r in results], batch_stats,
                                         cancelled):
             result = results[row]
             result.token_ids += tokens
@@ -222,6 +225,11 @@ def _safe_prefix(text: str, stops: list[str]) -> int:
     end = len(text) - text.endswith("\ufffd")
     hold = max((n for s in stops for n in range(1, len(s)) if text[:end].endswith(s[:n])), default=0)
     return end - hold
+
+
+def seeded(seed: int | None) -> torch.Generator:
+    """A generator seeded with `seed`, or with a fresh random seed."""
+    return torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
 
 
 def check_gamma(gamma: int | str) -> int | str:

@@ -24,12 +24,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import torch
 from prometheus_client import Histogram
 
-from ..costmodel import AutoGamma
 from ..decode_batch import BatchDecoder, Row
-from ..engine import Engine, GenerationResult, check_gamma
+from ..engine import Engine, GenerationResult, seeded
 from ..errors import ExactSpecError
 from ..sampling import SamplingParams
 from .metrics import Metrics
@@ -234,15 +232,10 @@ class Worker:
         if max_new_tokens <= 0:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         params = SamplingParams(**{k: v for k, v in options.items() if k not in NOT_SAMPLING})
-        gamma = engine.gamma if options.get("gamma") is None else check_gamma(options["gamma"])
-        seed = options.get("seed")
-        generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
-        draft = options.get("draft")
-        drafter = engine.make_drafter(draft) if gamma != 0 else None
-        if gamma == "auto":
-            with decoder.lend():  # the first measurement of the target's speed resets its cache
-                gamma = AutoGamma(engine.cost_model(draft), engine.prior_alpha) if drafter is not None else 0
-        return Row(slot, result.prompt_token_ids, drafter, params, gamma, max_new_tokens, generator, result.stats)
+        with decoder.lend():  # "auto"'s first measurement of the target's speed resets its cache
+            drafter, gamma = engine.drafting(options.get("gamma"), options.get("draft"))
+        return Row(slot, result.prompt_token_ids, drafter, params, gamma, max_new_tokens,
+                   seeded(options.get("seed")), result.stats)
 
     def _deliver(self, row: Row, tokens: list[int]) -> None:
         """Send a row's new text; end its job when it is done, stopped, cancelled or failing."""
