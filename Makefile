@@ -3,7 +3,6 @@ VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
-export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: setup run test clean llamacpp
 

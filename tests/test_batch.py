@@ -195,12 +195,12 @@ def test_failed_join_leaves_the_running_rows_intact(fast_tiny, monkeypatch):
     real = fast_tiny.forward_rows
     calls = []
 
-    def fail_second_prefill(ids):
+    def fail_second_prefill(ids, logits=True):
         if ids.shape[0] == 1 and ids.shape[1] > 1:  # a prefill
             calls.append(1)
             if len(calls) == 3:
                 raise RuntimeError("injected prefill failure")
-        return real(ids)
+        return real(ids, logits)
 
     monkeypatch.setattr(fast_tiny, "forward_rows", fail_second_prefill)
     decoder, out = BatchDecoder(fast_tiny), {"a": [], "b": []}

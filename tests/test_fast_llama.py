@@ -11,11 +11,12 @@ from .conftest import tiny_llama
 
 
 def test_tiny_logits_match_transformers_through_rollbacks():
+    """Prefill (no logits), then forwards and truncations: both adapters give the same logits."""
     module = tiny_llama(3, vocab=16)
     hf, fast = HFCausalLM(module, set()), FastLlamaLM(module, set(), capacity=8)  # capacity grows
     ids = torch.randint(0, 16, (1, 40), generator=torch.Generator().manual_seed(0))
     for lm in (hf, fast):
-        lm.forward(ids[:, :10])
+        assert lm.prefill(ids[:, :10]) is None and lm.length == 10
     for start, k, keep in [(10, 4, 12), (12, 6, 15), (15, 1, 16), (16, 9, 25)]:
         a, b = hf.forward(ids[:, start : start + k]), fast.forward(ids[:, start : start + k])
         assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from .errors import ExactSpecError
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting OpenMP threads thrash a shared CPU
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:

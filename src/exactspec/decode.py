@@ -19,9 +19,18 @@ from .errors import ExactSpecError
 from .models.base import CausalLM
 from .sampling import SamplingParams, warp
 from .stats import Stats
-from .verify import verify, verify_greedy
+from .verify import accept_greedy, verify
 
-Verifier = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# (draft ids [γ], draft probs [γ, V] | None, target probs [γ+1, V], generator) -> emitted tokens
+Verifier = Callable[[list[int], torch.Tensor | None, torch.Tensor, torch.Generator | None], list[int]]
+
+
+def argmax_forward(target: CausalLM, new_ids: list[int]) -> list[int]:
+    """`target.forward`, then the argmax at each new position: through the adapter's own
+    `forward_argmax` where it has one (llama.cpp reads its logits in place)."""
+    if hasattr(target, "forward_argmax"):
+        return target.forward_argmax(new_ids)
+    return target.forward(torch.tensor([new_ids]))[0].numpy().argmax(-1).tolist()
 
 
 def decode(
@@ -47,7 +56,7 @@ def decode(
     t0 = time.perf_counter()
     target.reset()
     if len(prompt_ids) > 1:
-        target.forward(torch.tensor([prompt_ids[:-1]], dtype=torch.long))
+        target.prefill(torch.tensor([prompt_ids[:-1]], dtype=torch.long))
     stats.prefill_s += time.perf_counter() - t0
 
     context = list(prompt_ids)
@@ -59,32 +68,30 @@ def decode(
         k = min(want, max_new_tokens - produced - 1, target.max_length - len(context) - 1)
         t = time.perf_counter()
         proposal = drafter.propose(context, k, params, generator) if (drafter and k > 0) else None
-        draft_ids = proposal.ids[:k] if proposal is not None else torch.zeros(0, dtype=torch.long)
-        draft_probs = proposal.probs[:k] if proposal is not None and proposal.probs is not None else None
+        drafts = proposal.ids[:k].tolist() if proposal is not None else []  # k' <= k tokens
         t_verify = time.perf_counter()
         stats.draft_s += t_verify - t
 
-        feed = torch.cat([torch.tensor([context[-1]]), draft_ids])[None]  # [1, k+1]
-        logits = target.forward(feed)  # [1, k+1, V]
-        if params.greedy and verifier is verify:  # same outputs, no [k+1, V] one-hot tensors
-            tokens, num_accepted = verify_greedy(draft_ids[None], logits.argmax(-1))
+        feed = [context[-1], *drafts]
+        if params.greedy and verifier is verify:  # same outputs, no [k'+1, V] arrays (see accept_greedy)
+            emitted = accept_greedy(drafts, argmax_forward(target, feed))
         else:
-            tokens, num_accepted = verifier(
-                draft_ids[None], None if draft_probs is None else draft_probs[None], warp(logits, params), generator
-            )
-        n = int(num_accepted[0])
+            target_probs = warp(target.forward(torch.tensor([feed]))[0], params)  # [k'+1, V]
+            draft_probs = proposal.probs[:k] if proposal is not None and proposal.probs is not None else None
+            emitted = verifier(drafts, draft_probs, target_probs, generator)
+        n = len(emitted) - 1  # accepted drafts
         target.truncate(len(context) + n)
         stats.verify_s += time.perf_counter() - t_verify
-        if drafter is not None and len(draft_ids):
-            drafter.observe(len(draft_ids), n)
+        if drafter is not None and drafts:
+            drafter.observe(len(drafts), n)
             if isinstance(gamma, AutoGamma):
-                gamma.observe(len(draft_ids), n, t_verify - t)
+                gamma.observe(len(drafts), n, t_verify - t)
 
-        emitted = tokens[0, : n + 1].tolist()[: max_new_tokens - produced]
+        emitted = emitted[: max_new_tokens - produced]
         eos_at = next((i for i, tok in enumerate(emitted) if stop_on_eos and tok in target.eos_token_ids), None)
         if eos_at is not None:
             emitted = emitted[: eos_at + 1]
-        stats.record(len(draft_ids), n, len(emitted))
+        stats.record(len(drafts), n, len(emitted))
         context += emitted
         produced += len(emitted)
         stats.decode_s = decode_base + time.perf_counter() - t_start

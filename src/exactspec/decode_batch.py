@@ -32,14 +32,14 @@ def _prefill(target, prompts: list[list[int]]) -> None:
     if all(p == prompts[0] for p in prompts):
         target.reset(1)
         if len(prompts[0]) > 1:
-            target.forward_rows(torch.tensor([prompts[0][:-1]]))
+            target.forward_rows(torch.tensor([prompts[0][:-1]]), logits=False)
         target.select_rows(torch.zeros(len(prompts), dtype=torch.long))
         return
     target.reset(len(prompts))
     width = max(len(p) for p in prompts) - 1
     if width > 0:  # right-padded; each row is then cut back to its own length
         padded = torch.tensor([p[:-1] + [0] * (width - len(p) + 1) for p in prompts])
-        target.forward_rows(padded)
+        target.forward_rows(padded, logits=False)
     target.truncate_rows(torch.tensor([len(p) - 1 for p in prompts]))
 
 
@@ -178,15 +178,14 @@ class BatchDecoder:
                 target_probs: torch.Tensor) -> tuple[int, list[int]]:
         """Accept a prefix of the row's drafts; returns (cache length to keep, tokens emitted)."""
         k = len(ids)
-        tokens, accepted = self.verifier(ids[None], None if probs is None else probs[None],
-                                         target_probs[:, : k + 1], row.generator)
-        n = int(accepted[0])
+        emitted = self.verifier(ids.tolist(), probs, target_probs[0, : k + 1], row.generator)
+        n = len(emitted) - 1
         if row.drafter is not None and k:
             row.drafter.observe(k, n)
             if isinstance(row.gamma, AutoGamma):
                 row.gamma.observe(k, n)
         keep = len(row.context) + n
-        emitted = tokens[0, : n + 1].tolist()[: row.max_new_tokens - row.produced]
+        emitted = emitted[: row.max_new_tokens - row.produced]
         eos = self.target.eos_token_ids if self.stop_on_eos else ()
         eos_at = next((i for i, t in enumerate(emitted) if t in eos), None)
         if eos_at is not None:

@@ -39,7 +39,7 @@ class ModelDrafter:
         ids, probs = [], []
         for i in range(k):
             q = warp(logits, params)  # [V]
-            token = int(sample(q[None], generator)[0])
+            token = sample(q, generator)
             ids.append(token)
             probs.append(q)
             if i + 1 < k:

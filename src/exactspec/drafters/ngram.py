@@ -85,7 +85,7 @@ class NGramDrafter:
         prev, ids, probs = context[-1], [], []
         for _ in range(k):
             q = warp(self.logits(prev), params)  # [V]
-            prev = int(sample(q[None], generator)[0])
+            prev = sample(q, generator)
             ids.append(prev)
             probs.append(q)
         return Proposal(torch.tensor(ids, dtype=torch.long), torch.stack(probs))

@@ -179,8 +179,13 @@ class FastLlamaLM:
         """new_ids [B, k] -> logits [B, k, V]; every row appends k positions at its own length."""
         return self.forward_rows(new_ids)
 
+    def prefill(self, new_ids: torch.Tensor) -> None:
+        """`forward` without the output projection."""
+        self.forward_rows(new_ids, logits=False)
+
     @torch.inference_mode()
-    def forward_rows(self, new_ids: torch.Tensor) -> torch.Tensor:
+    def forward_rows(self, new_ids: torch.Tensor, logits: bool = True) -> torch.Tensor | None:
+        """new_ids [B, k] -> logits [B, k, V] (None if not `logits`); every row appends k positions."""
         B, k = new_ids.shape
         if B != self.batch_size:
             raise ValueError(f"got {B} rows for a cache of {self.batch_size}")
@@ -210,4 +215,6 @@ class FastLlamaLM:
             gate, up = F.linear(self._rms(x, layer.norm2), layer.w_gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.w_down)
         self.lengths = self.lengths + k
+        if not logits:
+            return None
         return F.linear(self._rms(x, self.final_norm), self.lm_head).float()  # [B, k, V]

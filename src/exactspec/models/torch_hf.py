@@ -96,6 +96,10 @@ class HFCausalLM:
         self._length += k
         return out.logits.float()  # [1, k, V]
 
+    def prefill(self, new_ids: torch.Tensor) -> None:
+        """`forward`, logits dropped (transformers computes them anyway)."""
+        self.forward(new_ids)
+
     def truncate(self, length: int) -> None:
         drop = self._length - length
         if drop < 0:
