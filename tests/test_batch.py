@@ -171,7 +171,7 @@ def test_rows_joining_mid_flight_equal_rows_alone(fast_tiny):
 def test_rows_with_their_own_params_and_gamma_match_alone(fast_tiny):
     """Rows with different sampling parameters, γ (an AutoGamma each) and seeds share one batch; each is
     exactly its lone run with the same seed. Two samples of one prompt join together (one prefill)."""
-    cost = CostModel([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
+    cost = CostModel([1.0, 1.1, 1.2, 1.3, 1.4, 1.5], frozen=True)  # the same γ choices in both runs
     specs = [("t1k6", SamplingParams(temperature=1.0, top_k=6), 3, PROMPTS[0], 0),
              ("t07p9", SamplingParams(temperature=0.7, top_p=0.9), 1, PROMPTS[2], 1),
              ("auto", SamplingParams(temperature=1.2, min_p=0.1), "auto", PROMPTS[1], 1),

@@ -108,3 +108,28 @@ def test_auto_corrects_a_wrong_draft_cost_from_real_proposals():
     auto.observe(1, 1, draft_s=0.0001)  # a probe's real drafting time
     assert cost.draft_s_per_token == pytest.approx(0.0001)
     assert auto.next_gamma() == 3
+
+
+def test_real_iterations_refine_verification_costs():
+    """Measured T(k) said speculation pays; real iterations at the user's context say k=2 costs 1.5
+    steps: auto stops speculating. T(1) moving carries the unobserved T(k) with it."""
+    cost = CostModel(target_s=[0.010, 0.011, 0.012, 0.013])
+    auto = AutoGamma(cost, prior_alpha=0.3, prior_strength=1000)
+    assert auto.next_gamma() > 0
+    for _ in range(30):
+        auto.observe_step(1, 0.012)
+        auto.observe_step(2, 0.018)
+        auto.observe_step(3, 0.024)
+        auto.observe_step(4, 0.030)
+    assert cost.ratios()[1] == pytest.approx(1.5, rel=0.01)
+    assert auto.next_gamma() == 0
+    fresh = CostModel(target_s=[0.010, 0.020, 0.030])
+    fresh.observe_target(1, 0.012)
+    assert fresh.target_s == pytest.approx([0.0104, 0.0208, 0.0312])  # ratios kept until observed
+    fresh.observe_target(3, 1.0)  # an outlier moves T(3) by at most TARGET_WEIGHT of 2x
+    assert fresh.ratios() == pytest.approx([1.0, 2.0, 3.0 * 1.2])
+    fresh.observe_target(9, 0.5)  # beyond the measured k: ignored
+    frozen = CostModel(target_s=[0.010, 0.020], frozen=True)
+    frozen.observe_target(2, 0.015)
+    frozen.observe_draft(0.5)
+    assert frozen.target_s == [0.010, 0.020] and frozen.draft_s_per_token == 0.0

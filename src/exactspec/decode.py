@@ -81,7 +81,10 @@ def decode(
             emitted = verifier(drafts, draft_probs, target_probs, generator)
         n = len(emitted) - 1  # accepted drafts
         target.truncate(len(context) + n)
-        stats.verify_s += time.perf_counter() - t_verify
+        t_done = time.perf_counter()
+        stats.verify_s += t_done - t_verify
+        if isinstance(gamma, AutoGamma):
+            gamma.observe_step(len(feed), t_done - t_verify)
         if drafter is not None and drafts:
             drafter.observe(len(drafts), n)
             if isinstance(gamma, AutoGamma):

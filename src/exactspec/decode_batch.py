@@ -183,7 +183,7 @@ class BatchDecoder:
         if row.drafter is not None and k:
             row.drafter.observe(k, n)
             if isinstance(row.gamma, AutoGamma):
-                row.gamma.observe(k, n)
+                row.gamma.observe(k, n)  # no observe_step: one batched forward serves many rows
         keep = len(row.context) + n
         emitted = emitted[: row.max_new_tokens - row.produced]
         eos = self.target.eos_token_ids if self.stop_on_eos else ()

@@ -106,11 +106,14 @@ class Engine:
     # --- generation ------------------------------------------------------------------------
     def stream_ids(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int = 256,
                    gamma: int | str | None = None, seed: int | None = None, stats: Stats | None = None,
-                   draft: str | None = None) -> Iterator[int]:
+                   draft: str | None = None, stop_on_eos: bool = True) -> Iterator[int]:
+        """Token ids as they are accepted (EOS included); `stop_on_eos=False` runs to max_new_tokens (the
+        bench's fixed-length runs)."""
         if max_new_tokens <= 0:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         drafter, policy = self.drafting(gamma, draft)
-        return decode(self.target, drafter, prompt_ids, params, policy, max_new_tokens, seeded(seed), stats)
+        return decode(self.target, drafter, prompt_ids, params, policy, max_new_tokens, seeded(seed), stats,
+                      stop_on_eos)
 
     def stream(self, prompt: str | list[dict], max_new_tokens: int = 256, stop: list[str] | None = None,
                seed: int | None = None, gamma: int | None = None, chat_template: bool | None = None,

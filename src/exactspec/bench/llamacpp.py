@@ -6,8 +6,8 @@
 - `llamacpp-prompt-lookup`: `Llama.generate` with `LlamaPromptLookupDecoding(num_pred_tokens=10)` as
   draft model, on a second `Llama` over the same file (it needs `logits_all`).
 
-Both anchors start from an empty cache every run (no prefix reuse across runs), count generated tokens
-up to and including EOS, and time prefill + decode, as exactspec's rows do. Their sampler is llama.cpp's:
+Both anchors start from an empty cache every run (no prefix reuse across runs), stop at EOS at T = 0
+and run fixed-length at T > 0, and time prefill + decode, as exactspec's rows do (see bench/runner.py). Their sampler is llama.cpp's:
 for T > 0 it applies top-k/top-p/min-p BEFORE temperature (exactspec warps temperature first, as HF
 does), so only with top_p = 1 and min_p = 0 (the bench default) do both sample the same law.
 
@@ -62,8 +62,9 @@ def sampler_kwargs(params: SamplingParams) -> dict:
 
 
 def llamacpp_generate(llama, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, seed: int,
-                      eos_token_ids: set[int]) -> list[int]:
-    """Generated ids from llama-cpp-python's own generation loop, stopping after EOS or max_new_tokens."""
+                      eos_token_ids: set[int], stop_on_eos: bool = True) -> list[int]:
+    """Generated ids from llama-cpp-python's own generation loop, stopping after EOS (unless not
+    `stop_on_eos`: the bench's fixed-length runs) or max_new_tokens."""
     llama.reset()  # n_tokens = 0: no reuse of a prefix cached by an earlier run (or by LlamaCppLM)
     llama.set_seed(seed)
     out: list[int] = []
@@ -72,7 +73,7 @@ def llamacpp_generate(llama, prompt_ids: list[int], params: SamplingParams, max_
     gen = llama.generate(prompt_ids, reset=True, **sampler_kwargs(params))
     for token in gen:
         out.append(int(token))
-        if token in eos_token_ids or len(out) >= max_new_tokens:
+        if (stop_on_eos and token in eos_token_ids) or len(out) >= max_new_tokens:
             break
     gen.close()
     return out
@@ -81,7 +82,7 @@ def llamacpp_generate(llama, prompt_ids: list[int], params: SamplingParams, max_
 def _anchor(name: str, llama, eos: set[int], drafter: str | None, gamma: int | None) -> Method:
     def run(prompt_ids, params, max_new_tokens, seed):
         t = time.perf_counter()
-        n = len(llamacpp_generate(llama, prompt_ids, params, max_new_tokens, seed, eos))
+        n = len(llamacpp_generate(llama, prompt_ids, params, max_new_tokens, seed, eos, stop_on_eos=params.greedy))
         return n, time.perf_counter() - t, None
 
     return Method(name, drafter, gamma, run)

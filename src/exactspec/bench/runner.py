@@ -1,7 +1,12 @@
 """Side-by-side benchmark in ONE process: our plain decoding (the baseline of every ratio), our
 speculative decoding per drafter and γ, and Hugging Face `generate` anchors. Runs are interleaved
 (every method on a prompt before the next prompt, the method order rotating per repetition) and each
-ratio is taken within a repetition, then the median over repetitions: the machine is noisy."""
+ratio is taken within a repetition, then the median over repetitions: the machine is noisy.
+
+At T = 0 every method stops at the same EOS (greedy identity). At T > 0 each method samples its own
+continuation, so runs are fixed-length there (EOS does not stop them): with EOS stopping the lengths
+differ at random while the prompt's prefill, the same for all, is spread over them, and on long
+grounded prompts that noise (±20%) swamped the methods' speeds."""
 
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str) -> M
     def run(prompt_ids, params, max_new_tokens, seed):
         stats = Stats()
         t = time.perf_counter()
-        n = sum(1 for _ in engine.stream_ids(prompt_ids, params, max_new_tokens, gamma, seed, stats, drafter or "none"))
+        n = sum(1 for _ in engine.stream_ids(prompt_ids, params, max_new_tokens, gamma, seed, stats, drafter or "none",
+                                             stop_on_eos=params.greedy))
         return n, time.perf_counter() - t, stats
 
     name = "exactspec-plain" if gamma == 0 else "exactspec-spec"
@@ -45,7 +51,8 @@ def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
 
     def run(prompt_ids, params, max_new_tokens, seed):
         torch.manual_seed(seed)
-        kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0] if eos else 0,
+        kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos if params.greedy else None,
+                      pad_token_id=eos[0] if eos else 0,
                       do_sample=not params.greedy, top_k=0 if params.greedy else params.top_k, **generate_kwargs)
         if not params.greedy:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, min_p=params.min_p or None)
