@@ -133,3 +133,15 @@ def test_real_iterations_refine_verification_costs():
     frozen.observe_target(2, 0.015)
     frozen.observe_draft(0.5)
     assert frozen.target_s == [0.010, 0.020] and frozen.draft_s_per_token == 0.0
+
+
+def test_drafters_share_the_targets_refined_costs(tiny_target):
+    """T(k) is the target's: what one drafter's auto-gamma iterations learn, every drafter's uses."""
+    from exactspec.engine import Engine
+
+    engine = Engine(tiny_target, None, "prompt-lookup", "auto")
+    lookup, bigram = engine.cost_model("prompt-lookup", max_gamma=2), engine.cost_model("bigram", max_gamma=2)
+    AutoGamma(lookup).observe_step(2, 3 * lookup.target_s[1])
+    assert bigram.target_s is lookup.target_s and bigram.target_observations == [0, 1, 0]
+    AutoGamma(bigram).observe_step(1, 2 * lookup.target_s[0])
+    assert lookup.target_observations == [1, 1, 0]

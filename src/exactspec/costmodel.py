@@ -32,6 +32,10 @@ class CostModel:
     target_observations: list[int] = field(default_factory=list)  # [K]: real iterations that refined T(k)
     frozen: bool = False  # never refined: γ choices that do not depend on timing (tests)
 
+    def __post_init__(self) -> None:
+        if not self.target_observations:
+            self.target_observations = [0] * len(self.target_s)
+
     @property
     def max_gamma(self) -> int:
         return len(self.target_s) - 1
@@ -54,8 +58,6 @@ class CostModel:
         measured ratio to T(1)."""
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
-        if len(self.target_observations) != len(self.target_s):
-            self.target_observations = [0] * len(self.target_s)
         old = self.target_s[k - 1]
         new = old + TARGET_WEIGHT * (min(max(seconds, 0.5 * old), 2.0 * old) - old)
         self.target_s[k - 1] = new

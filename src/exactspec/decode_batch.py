@@ -23,7 +23,7 @@ from .costmodel import AutoGamma
 from .drafters.base import Drafter
 from .errors import ExactSpecError
 from .sampling import SamplingParams, warp
-from .stats import Stats
+from .stats import Stats, total
 from .verify import verify
 
 
@@ -253,8 +253,6 @@ def decode_batch(
 
 def _sum_rows_into(batch_stats: Stats, row_stats: list[Stats]) -> None:
     """Batch counters = sums over rows, except target calls (one batched forward serves all rows)."""
-    total = Stats()
-    for s in row_stats:
-        total = total.merge(s)
+    rows = total(row_stats)
     for name in ("draft_calls", "proposed", "accepted", "rejections", "emitted", "accepted_per_position"):
-        setattr(batch_stats, name, getattr(total, name))
+        setattr(batch_stats, name, getattr(rows, name))

@@ -26,7 +26,7 @@ from .models import fast_llama
 from .models.base import CausalLM
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
 from .sampling import SamplingParams
-from .stats import Stats
+from .stats import Stats, total
 
 DRAFT_NAMES = ("prompt-lookup", "bigram", "unigram", "none")
 
@@ -50,7 +50,8 @@ class Engine:
         self.draft_model = draft_model
         self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
-        self._target_costs: list[float] | None = None
+        self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
+        self._target_observations: list[int] = []
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
 
     # --- prompt handling -------------------------------------------------------------------
@@ -82,16 +83,18 @@ class Engine:
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
 
     def cost_model(self, draft: str | None = None, max_gamma: int = 8) -> CostModel:
-        """Measured T(k) of the target (once) and the drafter's time per token (measured once per
-        drafter, then refined by every auto-gamma proposal)."""
+        """The target's T(k) (measured once, refined by every auto-gamma iteration: the lists are shared
+        by every drafter's cost model) and the drafter's time per token (measured once per drafter, then
+        refined by its auto-gamma proposals)."""
         draft = self.draft if draft is None else draft
         if self._target_costs is None:
             self._target_costs = measure_target(self.target, max_k=max_gamma + 1)
+            self._target_observations = [0] * len(self._target_costs)
         if draft not in self._costs:
             drafter = self.make_drafter(draft)
             draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
                                                                   SamplingParams(temperature=1.0))
-            self._costs[draft] = CostModel(self._target_costs, draft_s)
+            self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations)
         return self._costs[draft]
 
     def drafting(self, gamma: int | str | None = None, draft: str | None = None) -> tuple[Drafter | None, int | AutoGamma]:
@@ -168,12 +171,10 @@ class Engine:
         return results, batch_stats
 
     def _sequential(self, results, max_new_tokens, stop, base, gamma, draft, params):
-        total = Stats()
         for i, result in enumerate(results):
             for _ in self._run(result, max_new_tokens, stop, base + i, gamma, draft, params):
                 pass
-            total = total.merge(result.stats)
-        return results, total
+        return results, total(r.stats for r in results)
 
     def _finish(self, result: GenerationResult, stop: list[str] | None) -> bool:
         """Set text and finish reason from the tokens so far; True when EOS or a stop string ended it."""

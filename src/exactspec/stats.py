@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from functools import reduce
 
 
 @dataclass
@@ -76,3 +78,8 @@ class Stats:
             tokens_per_s=self.tokens_per_s,
         )
         return d
+
+
+def total(stats: Iterable[Stats]) -> Stats:
+    """The sum of many generations' stats (empty: zeros)."""
+    return reduce(Stats.merge, stats, Stats())

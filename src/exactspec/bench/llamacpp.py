@@ -7,9 +7,10 @@
   draft model, on a second `Llama` over the same file (it needs `logits_all`).
 
 Both anchors start from an empty cache every run (no prefix reuse across runs), stop at EOS at T = 0
-and run fixed-length at T > 0, and time prefill + decode, as exactspec's rows do (see bench/runner.py). Their sampler is llama.cpp's:
-for T > 0 it applies top-k/top-p/min-p BEFORE temperature (exactspec warps temperature first, as HF
-does), so only with top_p = 1 and min_p = 0 (the bench default) do both sample the same law.
+and run fixed-length at T > 0, and time prefill + decode, as exactspec's rows do (see bench/runner.py).
+Their sampler is llama.cpp's: for T > 0 it applies top-k/top-p/min-p BEFORE temperature (exactspec
+warps temperature first, as HF does), so only with top_p = 1 and min_p = 0 (the bench default) do both
+sample the same law.
 
 The anchors use the target's context settings (threads, n_ctx, n_ubatch=32, flash attention): with them,
 both anchors and every exactspec row decode the same greedy tokens (tested). With llama-cpp-python's

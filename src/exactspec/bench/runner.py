@@ -19,7 +19,7 @@ import torch
 
 from ..engine import Engine
 from ..sampling import SamplingParams
-from ..stats import Stats
+from ..stats import Stats, total
 from .workloads import load_workload
 
 RunFn = Callable[[list[int], SamplingParams, int, int], tuple[int, float, Stats | None]]
@@ -111,11 +111,7 @@ def run_bench(engine: Engine, methods: list[Method], workloads: list[str], tempe
 
 
 def _total(runs: list[tuple[int, float, Stats | None]]) -> tuple[int, float, Stats | None]:
-    stats = None
-    if runs[0][2] is not None:
-        stats = Stats()
-        for _, _, s in runs:
-            stats = stats.merge(s)
+    stats = None if runs[0][2] is None else total(r[2] for r in runs)
     return sum(r[0] for r in runs), sum(r[1] for r in runs), stats
 
 
@@ -124,10 +120,7 @@ def _rows(workload, temperature, methods, per_rep, cost) -> list[dict]:
     anchor = next((i for i, m in enumerate(methods) if m.method in ("hf-plain", "llamacpp-plain")), None)
     rows = []
     for j, m in enumerate(methods):
-        merged = None
-        for rep in per_rep:
-            if rep[j][2] is not None:
-                merged = rep[j][2] if merged is None else merged.merge(rep[j][2])
+        merged = None if per_rep[0][j][2] is None else total(rep[j][2] for rep in per_rep)
         predicted = None
         if m.method == "exactspec-spec" and isinstance(m.gamma, int) and merged.alpha is not None:
             predicted = cost[m.drafter].predicted_speedup(merged.alpha, m.gamma)
