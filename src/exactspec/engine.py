@@ -17,6 +17,7 @@ import torch
 from .costmodel import AutoGamma, CostModel, measure_drafter, measure_target
 from .decode import decode
 from .decode_batch import decode_batch
+from .detokenize import IncrementalText
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
@@ -38,6 +39,7 @@ class GenerationResult:
     prompt_token_ids: list[int]
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     stats: Stats = field(default_factory=Stats)
+    detokenizer: IncrementalText | None = field(default=None, repr=False, compare=False)  # set by the engine
 
 
 class Engine:
@@ -164,9 +166,7 @@ class Engine:
         for row, tokens in decode_batch(self.target, drafters, [r.prompt_token_ids for r in results], params,
                                         policy, max_new_tokens, gens, [r.stats for r in results], batch_stats,
                                         cancelled):
-            result = results[row]
-            result.token_ids += tokens
-            if self._finish(result, stop):
+            if any(self._add(results[row], token, stop) for token in tokens):
                 cancelled.add(row)
         return results, batch_stats
 
@@ -176,28 +176,27 @@ class Engine:
                 pass
         return results, total(r.stats for r in results)
 
-    def _finish(self, result: GenerationResult, stop: list[str] | None) -> bool:
-        """Set text and finish reason from the tokens so far; True when EOS or a stop string ended it."""
-        ids = result.token_ids
-        if ids and ids[-1] in self.target.eos_token_ids:
+    def _add(self, result: GenerationResult, token: int, stop: list[str] | None) -> bool:
+        """Append one generated token: text (incremental, see detokenize.py) and finish reason follow;
+        True when EOS or a stop string ended the generation (later tokens must not be added)."""
+        if result.detokenizer is None:
+            result.detokenizer = IncrementalText(self.tokenizer, stop)
+        detok = result.detokenizer
+        result.token_ids.append(token)
+        detok.add(token)
+        if token in self.target.eos_token_ids or detok.stop_at >= 0:
             result.finish_reason = "stop"
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        hit = min((i for i in (text.find(s) for s in stop or [] if s) if i >= 0), default=-1)
-        if hit >= 0:
-            text, result.finish_reason = text[:hit], "stop"
-        result.text = text
+        result.text = detok.text if detok.stop_at < 0 else detok.text[:detok.stop_at]
         return result.finish_reason == "stop"
 
     def _run(self, result: GenerationResult, max_new_tokens, stop, seed, gamma, draft, params) -> Iterator[str]:
         """Drive the decode loop, detokenise incrementally, apply stop strings; fills `result`."""
-        stops = [s for s in (stop or []) if s]
         tokens = self.stream_ids(result.prompt_token_ids, params, max_new_tokens, gamma, seed, result.stats, draft)
         sent = 0
         for token in tokens:
-            result.token_ids.append(token)
-            done = self._finish(result, stops)
+            done = self._add(result, token, stop)
             # hold back a trailing partial UTF-8 sequence, and any text that might start a stop string
-            safe = len(result.text) if done else _safe_prefix(result.text, stops)
+            safe = result.detokenizer.safe_length(final=done)
             if safe > sent:
                 yield result.text[sent:safe]
                 sent = safe
@@ -213,22 +212,11 @@ class Engine:
         add newly accepted `tokens` to `result` one at a time, up to EOS or a stop string, and return
         (the text after its first `sent` characters that is safe to send, whether EOS or a stop string
         ended the generation). `final`: the loop ended it (length, context), so nothing is held back."""
-        stops = [s for s in (stop or []) if s]
-        done = False
-        for token in tokens:
-            result.token_ids.append(token)
-            if self._finish(result, stops):
-                done = True
-                break
-        safe = len(result.text) if done or final else _safe_prefix(result.text, stops)
+        done = any(self._add(result, token, stop) for token in tokens)
+        if result.detokenizer is None:
+            return "", done
+        safe = result.detokenizer.safe_length(final=done or final)
         return result.text[sent:safe] if safe > sent else "", done
-
-
-def _safe_prefix(text: str, stops: list[str]) -> int:
-    """Length of `text` safe to emit: no trailing partial character, no possible start of a stop string."""
-    end = len(text) - text.endswith("\ufffd")
-    hold = max((n for s in stops for n in range(1, len(s)) if text[:end].endswith(s[:n])), default=0)
-    return end - hold
 
 
 def seeded(seed: int | None) -> torch.Generator:

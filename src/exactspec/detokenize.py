@@ -1,0 +1,83 @@
+"""Incremental detokenisation: the text of a growing list of generated tokens, and where a stop string
+first occurs in it, at a cost per new token that does not grow with the length of the generation.
+
+Re-decoding every generated token at every step (what `tokenizer.decode(all_ids)` per token does) is
+quadratic in the output length. Here only a short window is decoded per step (vLLM's / HF
+TextStreamer's scheme): the tokens of the last committed piece (context for tokenizers whose decoding
+depends on the neighbour, e.g. SentencePiece's leading-space rule) plus the new ones. A piece is
+committed once it ends on a complete character; a trailing partial UTF-8 sequence stays pending (it
+decodes to U+FFFD until the rest of its bytes arrive). `text` is always exactly
+`tokenizer.decode(ids, skip_special_tokens=True)`: tokenizers whose decoding rewrites text across token
+boundaries (`clean_up_tokenization_spaces`) are decoded whole, as before, because no window is exact for them.
+Stop strings are searched only in text not yet searched (minus the longest stop's length).
+"""
+
+from __future__ import annotations
+
+
+class IncrementalText:
+    """Text of `ids` (fed one token at a time with `add`) and the first stop-string hit in it."""
+
+    def __init__(self, tokenizer, stops: list[str] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in (stops or []) if s]
+        self.ids: list[int] = []
+        self.whole = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self.committed = ""  # text of ids[:read]; ends on a complete character
+        self.pending = ""  # text of ids[read:] (may end in U+FFFD: bytes still to come)
+        self.prefix, self.read = 0, 0  # ids[prefix:read]: the last committed piece, decoded again as context
+        self.scanned = 0  # committed characters already searched for stop strings
+        self.stop_at = -1  # index of the first stop-string hit in `text`, -1 if none
+        self.decoded_chars = 0  # characters produced by tokenizer.decode (the cost the tests bound)
+        self.scanned_chars = 0  # characters searched for stop strings
+
+    @property
+    def text(self) -> str:
+        return self.committed + self.pending
+
+    def _decode(self, ids: list[int]) -> str:
+        out = self.tokenizer.decode(ids, skip_special_tokens=True)
+        self.decoded_chars += len(out)
+        return out
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+        if self.whole:
+            self.committed, self.pending = "", self._decode(self.ids)
+        else:
+            before = self._decode(self.ids[self.prefix:self.read]) if self.read > self.prefix else ""
+            window = self._decode(self.ids[self.prefix:])
+            if not window.startswith(before):  # never seen with byte-level or SentencePiece decoders
+                self.committed, self.pending = "", self._decode(self.ids)
+                self.prefix = self.read = 0
+                self.whole = True
+            else:
+                self.pending = window[len(before):]
+                if self.pending and not self.pending.endswith("\ufffd"):
+                    self.committed += self.pending
+                    self.pending = ""
+                    self.prefix, self.read = self.read, len(self.ids)
+        if self.stops and self.stop_at < 0:
+            self._find_stop()
+
+    def _find_stop(self) -> None:
+        text = self.text
+        longest = max(len(s) for s in self.stops)
+        start = max(0, min(self.scanned, len(self.committed)) - longest + 1) if not self.whole else 0
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        self.scanned_chars += len(text) - start
+        self.scanned = len(self.committed)
+        if hits:
+            self.stop_at = min(hits)
+
+    def safe_length(self, final: bool) -> int:
+        """Characters of `text` safe to send: everything if `final`, else no trailing partial character
+        and nothing that might be the start of a stop string (up to the first hit, if any)."""
+        text = self.text
+        if self.stop_at >= 0:
+            return self.stop_at
+        if final:
+            return len(text)
+        end = len(text) - text.endswith("\ufffd")
+        hold = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n], 0, end)), default=0)
+        return end - hold
