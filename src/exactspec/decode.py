@@ -17,6 +17,7 @@ from .costmodel import AutoGamma
 from .drafters.base import Drafter
 from .errors import ExactSpecError
 from .models.base import CausalLM
+from .models.prefix_cache import prefill_prompt, remember
 from .sampling import SamplingParams, warp
 from .stats import Stats
 from .verify import accept_greedy, verify
@@ -54,12 +55,23 @@ def decode(
         raise ExactSpecError(f"prompt of {len(prompt_ids)} tokens does not fit the {target.max_length}-token context")
     stats = stats if stats is not None else Stats()
     t0 = time.perf_counter()
-    target.reset()
-    if len(prompt_ids) > 1:
-        target.prefill(torch.tensor([prompt_ids[:-1]], dtype=torch.long))
+    reused = prefill_prompt(target, prompt_ids[:-1])  # through the adapter's prefix cache, if any
+    stats.cached_tokens += reused
+    stats.prefill_tokens += len(prompt_ids) - 1 - reused
     stats.prefill_s += time.perf_counter() - t0
 
     context = list(prompt_ids)
+    try:
+        yield from _loop(target, drafter, context, params, gamma, max_new_tokens, generator, stats, stop_on_eos,
+                         verifier)
+    except GeneratorExit:  # the caller stopped early (stop string, client gone): the cache is consistent
+        remember(target, context)
+        raise
+    remember(target, context)
+
+
+def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, stats, stop_on_eos, verifier):
+    """`decode`'s iterations; `context` grows in place."""
     produced = 0
     t_start, decode_base = time.perf_counter(), stats.decode_s
     while produced < max_new_tokens and len(context) < target.max_length:

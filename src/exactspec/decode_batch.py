@@ -22,6 +22,7 @@ import torch
 from .costmodel import AutoGamma
 from .drafters.base import Drafter
 from .errors import ExactSpecError
+from .models.prefix_cache import cache_of, remember
 from .sampling import SamplingParams, warp
 from .stats import Stats, total
 from .verify import verify
@@ -88,12 +89,17 @@ class BatchDecoder:
         self.rows: list[Row] = []  # in cache-row order
 
     def start(self, rows: list[Row]) -> None:
-        """Begin an empty batch with `rows`, prefilled together (one forward, padded if prompts differ)."""
+        """Begin an empty batch with `rows`, prefilled together (one forward, padded if prompts differ;
+        with a prefix cache, each distinct prompt joins through it instead)."""
         _check(self.target, [r.prompt for r in rows])
         if self.rows:
             raise ExactSpecError("the batch is running: add rows instead")
+        if cache_of(self.target) is not None:
+            return self.add(rows)
         t0 = time.perf_counter()
         _prefill(self.target, [r.prompt for r in rows])
+        for row in rows:
+            row.stats.prefill_tokens += len(row.prompt) - 1
         self._admit(rows, time.perf_counter() - t0)
 
     def add(self, rows: list[Row]) -> None:
@@ -107,7 +113,10 @@ class BatchDecoder:
             i = 0
             while i < len(rows):
                 copies = next((j for j in range(i, len(rows)) if rows[j].prompt != rows[i].prompt), len(rows)) - i
-                self.target.join(rows[i].prompt, copies)
+                reused = self.target.join(rows[i].prompt, copies) or 0
+                for row in rows[i:i + copies]:
+                    row.stats.cached_tokens += reused
+                    row.stats.prefill_tokens += len(row.prompt) - 1 - reused
                 i += copies
         except BaseException:
             self.target.select_rows(torch.arange(len(self.rows)))  # drop the rows that did join
@@ -156,6 +165,10 @@ class BatchDecoder:
                 still.append(j)
         self.stats.target_calls += 1
         self.target.truncate_rows(torch.tensor(keep_lengths))
+        kept = set(still)
+        for j, row in enumerate(rows):
+            if j not in kept:  # its KV (prompt + generated) goes to the prefix cache, if any
+                remember(self.target, row.context, row=j, cached=keep_lengths[j])
         if len(still) < len(rows):
             order = _compact(still)
             self.target.select_rows(torch.tensor(order, dtype=torch.long))
@@ -254,5 +267,6 @@ def decode_batch(
 def _sum_rows_into(batch_stats: Stats, row_stats: list[Stats]) -> None:
     """Batch counters = sums over rows, except target calls (one batched forward serves all rows)."""
     rows = total(row_stats)
-    for name in ("draft_calls", "proposed", "accepted", "rejections", "emitted", "accepted_per_position"):
+    for name in ("draft_calls", "proposed", "accepted", "rejections", "emitted", "accepted_per_position",
+                 "cached_tokens", "prefill_tokens"):
         setattr(batch_stats, name, getattr(rows, name))

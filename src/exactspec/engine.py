@@ -25,6 +25,7 @@ from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
 from .models.base import CausalLM
+from .models.prefix_cache import PrefixCache
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
 from .sampling import SamplingParams
 from .stats import Stats, total
@@ -55,6 +56,20 @@ class Engine:
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
+
+    # --- prefix cache ----------------------------------------------------------------------
+    def set_prefix_cache(self, budget_mb: float | None) -> None:
+        """Keep the KV of recent sequences across requests, reusing the longest cached prompt prefix
+        (see models/prefix_cache.py), in at most `budget_mb` MiB; None or 0 turns it off. Targets
+        that cannot snapshot their KV (the transformers adapter) ignore it."""
+        if budget_mb is not None and budget_mb < 0:
+            raise ExactSpecError(f"the prefix cache budget must be >= 0 MiB, got {budget_mb}")
+        if hasattr(self.target, "snapshot_prefix"):
+            self.target.prefix_cache = PrefixCache(budget_mb) if budget_mb else None
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return getattr(self.target, "prefix_cache", None)
 
     # --- prompt handling -------------------------------------------------------------------
     def encode(self, prompt: str | list[dict], chat_template: bool | None = None) -> list[int]:
@@ -243,11 +258,18 @@ def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast
 
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4, chat_template: bool = True,
          dtype: torch.dtype = torch.float32, threads: int | None = None, fast: bool = True,
-         backend: str = "torch") -> Engine:
+         backend: str = "torch", prefix_cache_mb: float = 0) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model.
     `gamma` is drafts per target call, or "auto" (chosen each iteration from measured costs).
-    `backend`: "torch" (default) or "llama.cpp" (GGUF files only; needs the llamacpp extra)."""
+    `backend`: "torch" (default) or "llama.cpp" (GGUF files only; needs the llamacpp extra).
+    `prefix_cache_mb`: keep the KV of recent sequences across requests in this many MiB (0 = off)."""
+    engine = _load(target, draft, gamma, chat_template, dtype, threads, fast, backend)
+    engine.set_prefix_cache(prefix_cache_mb)
+    return engine
+
+
+def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend) -> Engine:
     gamma = check_gamma(gamma)
     if threads:
         torch.set_num_threads(threads)

@@ -16,6 +16,8 @@ class Stats:
     rejections: int = 0  # iterations that ended on a rejected draft
     emitted: int = 0  # tokens produced (accepted + corrections/bonus)
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: times draft i was accepted
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    prefill_tokens: int = 0  # prompt tokens prefilled (computed)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0  # time inside the drafter
@@ -59,7 +61,8 @@ class Stats:
 
     def merge(self, other: "Stats") -> "Stats":
         out = Stats(**{k: v for k, v in asdict(self).items() if k != "accepted_per_position"})
-        for name in ("target_calls", "draft_calls", "proposed", "accepted", "rejections", "emitted"):
+        for name in ("target_calls", "draft_calls", "proposed", "accepted", "rejections", "emitted",
+                     "cached_tokens", "prefill_tokens"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("prefill_s", "decode_s", "draft_s", "verify_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))

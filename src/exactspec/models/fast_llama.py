@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ExactSpecError
+from .prefix_cache import prefill_prompt
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 
@@ -70,6 +71,7 @@ class FastLlamaLM:
         self.max_length = int(config.max_position_embeddings)
         self.dtype = self.embed.dtype
         self.initial_capacity = min(capacity, self.max_length)
+        self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
         self.reset()
 
     # --- cache -------------------------------------------------------------------------------
@@ -136,11 +138,11 @@ class FastLlamaLM:
         self.k_cache, self.v_cache, self.lengths = saved
 
     @torch.inference_mode()
-    def join(self, prompt_ids: list[int], copies: int = 1) -> None:
+    def join(self, prompt_ids: list[int], copies: int = 1) -> int:
         """Append `copies` rows holding prompt_ids[:-1] after the live rows (continuous batching: a
         request joins a running batch between iterations; its n samples share one prefill). The
-        prefill runs alone on a one-row scratch cache, exactly as a lone generation's would, so the
-        running rows are untouched if it fails."""
+        prefill runs alone on a one-row scratch cache, exactly as a lone generation's would (through the
+        prefix cache, if any), so the running rows are untouched if it fails. Returns the tokens reused."""
         if not prompt_ids or len(prompt_ids) >= self.max_length:
             raise ExactSpecError(f"a prompt of {len(prompt_ids)} tokens cannot join a {self.max_length}-token context")
         width = len(prompt_ids) - 1
@@ -148,9 +150,8 @@ class FastLlamaLM:
         self.restore_cache((self._new_cache(1, max(width, 1)), self._new_cache(1, max(width, 1)),
                             torch.zeros(1, dtype=torch.long)))
         try:
-            if width:
-                self.forward_rows(torch.tensor([prompt_ids[:-1]]))
-            k_new, v_new, _ = self.save_cache()  # [L, 1, Hkv, width, d]
+            reused = prefill_prompt(self, prompt_ids[:-1])  # through the prefix cache, if any
+            k_new, v_new, _ = self.save_cache()  # [L, 1, Hkv, >= width, d]
         finally:
             self.restore_cache(running)
         B = self.batch_size
@@ -158,6 +159,23 @@ class FastLlamaLM:
         self.k_cache[:, B : B + copies, :, :width] = k_new[:, :, :, :width]  # broadcast over the copies
         self.v_cache[:, B : B + copies, :, :width] = v_new[:, :, :, :width]
         self.lengths = torch.cat([self.lengths, torch.full((copies,), width, dtype=torch.long)])
+        return reused
+
+    def snapshot_prefix(self, length: int, row: int = 0) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        """A copy of row `row`'s KV for positions [0, length) (prefix cache) and its size in bytes."""
+        k = self.k_cache[:, row, :, :length].clone()  # [L, Hkv, length, d]
+        v = self.v_cache[:, row, :, :length].clone()
+        return (k, v), 2 * k.numel() * k.element_size()
+
+    @torch.inference_mode()
+    def restore_prefix(self, state: tuple[torch.Tensor, torch.Tensor], length: int) -> None:
+        """A one-row cache holding the first `length` positions of a `snapshot_prefix` state."""
+        k, v = state
+        self.reset(1)
+        self._ensure_capacity(length)
+        self.k_cache[:, 0, :, :length] = k[:, :, :length]
+        self.v_cache[:, 0, :, :length] = v[:, :, :length]
+        self.lengths = torch.tensor([length])
 
     # --- forward -----------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,162 @@
+"""Prefix cache across requests: keep the KV cache of recent sequences, prefill only what is new.
+
+Agent loops re-send the whole conversation every step; its history is the prompt the previous step
+already ran (plus the answer it generated). After a generation the adapter's KV for the sequence
+(prompt + generated tokens) is copied into this cache; a later prompt reuses the longest cached token
+prefix (restore, then roll back to the common length) and prefills only the rest. The anchors are
+vLLM's automatic prefix caching, llama.cpp server's `cache_prompt` and SGLang's radix cache; this is
+their simplest form: whole sequences, exact token comparison, LRU under a byte budget.
+
+Exactness: a restored prefix is the KV the same tokens produced before, so the target law is that
+of the same tokens re-prefilled up to float rounding of block shapes (which the decode loop's
+verification already varies); tests check identical greedy and seeded outputs with and without the
+cache. Only positions whose tokens equal the new prompt's are ever kept (rollback to the common
+prefix), so no other conversation's continuation is ever seen.
+
+Adapters opt in with two methods and an attribute (consulted on prefill, see `prefill_prompt`):
+    snapshot_prefix(length, row=0) -> (state, nbytes)   # a copy of row's KV for positions [0, length)
+    restore_prefix(state, length) -> None               # a one-row cache holding state's first `length` positions
+    prefix_cache: PrefixCache | None
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(eq=False)
+class Entry:
+    ids: list[int]  # the tokens whose KV `state` holds, in order
+    state: object
+    nbytes: int
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if n == 0 or a[0] != b[0]:
+        return 0
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect on slice equality (C speed)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class PrefixCache:
+    """LRU cache of KV snapshots keyed by token sequence, bounded to `budget_mb` MiB."""
+
+    def __init__(self, budget_mb: float = 512.0, min_tokens: int = 1) -> None:
+        if budget_mb < 0:
+            raise ValueError(f"prefix cache budget must be >= 0 MiB, got {budget_mb}")
+        self.budget = int(budget_mb * 2**20)
+        self.min_tokens = min_tokens  # shorter matches are not worth a restore
+        self.entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
+        self.used = 0
+        self._next_key = 0
+        self._lock = threading.Lock()  # the bench and tests may share one cache between engines
+        # counters (what /metrics and the bench report)
+        self.lookups = self.hits = self.reused_tokens = self.prefilled_tokens = self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def match(self, ids: list[int]) -> tuple[int | None, int]:
+        """(key of the entry sharing the longest prefix with `ids`, that prefix's length)."""
+        best, best_n = None, 0
+        for key, entry in self.entries.items():
+            n = common_prefix(entry.ids, ids)
+            if n > best_n:
+                best, best_n = key, n
+        return (best, best_n) if best_n >= self.min_tokens else (None, 0)
+
+    def prefill(self, target, ids: list[int]) -> int:
+        """Leave `target` as a one-row cache holding exactly `ids`: the longest cached prefix restored,
+        the rest prefilled. Returns the number of tokens reused."""
+        with self._lock:
+            self.lookups += 1
+            key, n = self.match(ids)
+            state = None
+            if key is not None:
+                self.entries.move_to_end(key)
+                state = self.entries[key].state
+                self.hits += 1
+            self.reused_tokens += n
+            self.prefilled_tokens += len(ids) - n
+        if state is not None:
+            target.restore_prefix(state, n)
+        else:
+            target.reset()
+        if len(ids) > n:
+            target.prefill(torch.tensor([ids[n:]], dtype=torch.long))
+        return n
+
+    def save(self, target, ids: list[int], row: int = 0) -> None:
+        """Keep a copy of `target`'s KV for `ids` (its row `row` holds them at positions [0, len(ids))).
+        Entries that are a prefix of `ids` are superseded and dropped; nothing is copied when `ids` is a
+        prefix of an entry already kept."""
+        if len(ids) < self.min_tokens or self.budget == 0:
+            return
+        with self._lock:
+            for key, entry in list(self.entries.items()):
+                n = common_prefix(entry.ids, ids)
+                if n == len(ids):  # already covered
+                    self.entries.move_to_end(key)
+                    return
+                if n == len(entry.ids):
+                    self._drop(key)
+        state, nbytes = target.snapshot_prefix(len(ids), row)
+        if nbytes > self.budget:
+            return
+        with self._lock:
+            self.entries[self._next_key] = Entry(list(ids), state, nbytes)
+            self._next_key += 1
+            self.used += nbytes
+            while self.used > self.budget:
+                self._drop(next(iter(self.entries)))
+                self.evictions += 1
+
+    def _drop(self, key: int) -> None:
+        self.used -= self.entries.pop(key).nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self.entries.clear()
+            self.used = 0
+
+
+def cache_of(target) -> PrefixCache | None:
+    """The target's prefix cache, if it has one and can snapshot its KV."""
+    cache = getattr(target, "prefix_cache", None)
+    return cache if cache is not None and hasattr(target, "snapshot_prefix") else None
+
+
+def prefill_prompt(target, ids: list[int]) -> int:
+    """The decode loop's prefill: reset `target` to hold `ids` (the prompt but its last token),
+    through its prefix cache when it has one. Returns the number of tokens reused from the cache."""
+    cache = cache_of(target)
+    if cache is not None:
+        return cache.prefill(target, ids)
+    target.reset()
+    if ids:
+        target.prefill(torch.tensor([ids], dtype=torch.long))
+    return 0
+
+
+def remember(target, context: list[int], row: int = 0, cached: int | None = None) -> None:
+    """After a generation: keep the KV of `context` (prompt + generated) that `target`'s row holds.
+    `cached`: how many positions of the row are valid (default: the target's length)."""
+    cache = cache_of(target)
+    if cache is None:
+        return
+    held = target.length if cached is None else cached
+    cache.save(target, context[: min(held, len(context))], row)
