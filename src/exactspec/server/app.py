@@ -42,6 +42,7 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
     """An app serving `engine` under `model_name`; it starts its worker thread on startup.
     `max_rows`: samples decoded together in one batch (1: one at a time)."""
     metrics = Metrics()
+    metrics.watch_prefix_cache(engine)
     worker = Worker(engine, metrics, max_rows)
 
     @asynccontextmanager
@@ -109,6 +110,7 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         finally:
             metrics.running.dec()
         metrics.observe_request(endpoint, 200 if completed else CLIENT_CLOSED, time.perf_counter() - start)
+        metrics.observe_prefill(jobs[0].result, engine.prefix_cache is not None)
         if not completed:
             return Response(status_code=CLIENT_CLOSED)
         return JSONResponse(shapes.response(prompt_tokens, [job.result for job in jobs]))
@@ -139,6 +141,7 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         finally:
             metrics.running.dec()
             metrics.observe_request(endpoint, status, time.perf_counter() - start)
+            metrics.observe_prefill(jobs[0].result, engine.prefix_cache is not None)
         yield sse("[DONE]")
 
     @app.post(CHAT)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import time
 
 from ..errors import ExactSpecError
 
@@ -22,6 +24,11 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     p.add_argument("--max-rows", type=int, default=16, metavar="N",
                    help="most samples decoded together in one batch (default 16; 1 = one at a time)")
+    p.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
+                   help="keep the KV cache of recent conversations (prompt + answer) in up to MIB MiB and "
+                        "prefill only what a new request adds to the longest cached prefix (LRU; default "
+                        "1024; 0 = off). Outputs are identical with and without it")
+    p.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off (--prefix-cache-mb 0)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id reported by /v1/models and in responses (default: the target's file name)")
     p.set_defaults(func=cmd_serve)
@@ -38,6 +45,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ExactSpecError(f"--max-rows must be >= 1, got {args.max_rows}")
     if not 0 < args.port < 65536:
         raise ExactSpecError(f"--port must be in 1..65535, got {args.port}")
+    if args.prefix_cache_mb < 0:
+        raise ExactSpecError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     try:
         import uvicorn
 
@@ -45,10 +54,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ExactSpecError(f"the server needs its extra dependencies ({e.name} is missing): "
                              "pip install 'exactspec[server]'") from None
-    engine = load_engine(args)
+    engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb)
+    warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
     uvicorn.run(create_app(engine, args.model_name or default_model_name(args.target), args.max_rows),
                 host=args.host, port=args.port, log_level="info")
     return 0
+
+
+def warm_up(engine) -> None:
+    """With γ "auto", measure the target's T(k) now (seconds on a CPU), not inside the first request,
+    and log what was measured and the prefix cache's budget."""
+    log = logging.getLogger("uvicorn.error")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    if engine.gamma == "auto" and engine.draft != "none":
+        t0 = time.perf_counter()
+        costs = engine.cost_model().target_s
+        log.info("gamma auto: measured the target's T(k) in %.1f s before serving: T(1) = %.1f ms, "
+                 "T(k)/T(1) for k = 2..%d: %s", time.perf_counter() - t0, costs[0] * 1e3, len(costs),
+                 " ".join(f"{c / costs[0]:.2f}" for c in costs[1:]))
+    cache = engine.prefix_cache
+    log.info("prefix cache: %s", f"{cache.budget / 2**20:.0f} MiB" if cache is not None else "off")
 
 
 def default_model_name(target: str | None) -> str:

@@ -34,6 +34,30 @@ class Metrics:
                                                "Decode time per generated token, per sample",
                                                buckets=_TPOT_BUCKETS, registry=r)
         self.running = Gauge("exactspec_running_requests", "Completion requests queued or generating", registry=r)
+        self.prefix_lookups = Counter("exactspec_prefix_cache_lookups", "Requests whose prompt was looked up in "
+                                      "the prefix cache", registry=r)
+        self.prefix_hits = Counter("exactspec_prefix_cache_hits", "Requests that reused a cached prompt prefix",
+                                   registry=r)
+        self.prompt_tokens = Counter("exactspec_prompt_tokens", "Prompt tokens by how their KV was obtained "
+                                     "(reused from the prefix cache, or prefilled)", ["source"], registry=r)
+        self.prefix_cache_bytes = Gauge("exactspec_prefix_cache_bytes", "Bytes held by the prefix cache", registry=r)
+        self.prefix_cache_entries = Gauge("exactspec_prefix_cache_entries", "Sequences held by the prefix cache",
+                                          registry=r)
+
+    def watch_prefix_cache(self, engine) -> None:
+        """Read the engine's prefix cache size at every scrape."""
+        self.prefix_cache_bytes.set_function(lambda: engine.prefix_cache.used if engine.prefix_cache else 0)
+        self.prefix_cache_entries.set_function(lambda: len(engine.prefix_cache) if engine.prefix_cache else 0)
+
+    def observe_prefill(self, result: GenerationResult, cache_on: bool) -> None:
+        """Count one request's prefill (its samples share it): reused vs prefilled prompt tokens."""
+        stats = result.stats
+        if cache_on:
+            self.prefix_lookups.inc()
+            if stats.cached_tokens:
+                self.prefix_hits.inc()
+        self.prompt_tokens.labels(source="cached").inc(stats.cached_tokens)
+        self.prompt_tokens.labels(source="prefilled").inc(stats.prefill_tokens)
 
     def observe_generation(self, result: GenerationResult, cancelled: bool) -> None:
         """Count one finished (or cancelled) sample."""

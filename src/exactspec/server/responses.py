@@ -34,7 +34,9 @@ def speculative(stats: Stats) -> dict:
 
 def usage(prompt_tokens: int, results: list[GenerationResult]) -> dict:
     completion = sum(len(r.token_ids) for r in results)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+    cached = results[0].stats.cached_tokens if results else 0  # a request's samples share one prefill
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def merged_stats(results: list[GenerationResult]) -> Stats:
