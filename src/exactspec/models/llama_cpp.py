@@ -34,6 +34,7 @@ different thread counts and the cost model would compare unlike things.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import subprocess
 import sys
@@ -175,6 +176,7 @@ class LlamaCppLM:
         # llama.cpp pads n_ctx up to a multiple of 256; never go past what was asked for
         self.max_length = min(want, int(llama_cpp.llama_n_ctx(self.ctx)))
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
         self._length = 0
         self.reset()
 
@@ -194,6 +196,27 @@ class LlamaCppLM:
         self._lib.llama_memory_clear(self.memory, False)
         self._length = 0
         self.llama.n_tokens = 0  # the high-level Llama object must not reuse a "cached prefix" it did not write
+
+    def snapshot_prefix(self, length: int, row: int = 0) -> tuple[tuple[object, int], int]:
+        """A copy of the first `length` cached positions (llama.cpp's per-sequence state) and its size in
+        bytes, for the prefix cache. Rolls the cache back to `length` first: call it after a generation."""
+        self.truncate(length)
+        size = self._lib.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, 0)
+        if written != size:
+            raise ExactSpecError(f"llama.cpp wrote {written} of {size} bytes of its sequence state")
+        return (buf, length), size
+
+    def restore_prefix(self, state: tuple[object, int], length: int) -> None:
+        """Hold the first `length` positions of a `snapshot_prefix` state (nothing else)."""
+        buf, stored = state
+        self.reset()
+        if not self._lib.llama_state_seq_set_data(self.ctx, buf, len(buf), 0):
+            self.reset()
+            raise ExactSpecError("llama.cpp could not restore a cached prefix (context full?)")
+        self._length = stored
+        self.truncate(length)
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self._length:

@@ -1,0 +1,49 @@
+"""The prefix cache on the llama.cpp backend: an agent loop gives the same tokens with and without it."""
+
+from __future__ import annotations
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: make llamacpp")
+
+from exactspec.bench.llamacpp import llamacpp_engine  # noqa: E402
+from exactspec.embedded import embedded_model_path  # noqa: E402
+from exactspec.sampling import SamplingParams  # noqa: E402
+from exactspec.stats import Stats  # noqa: E402
+
+SYSTEM = "You are an agent. Tools: search(q), read(url). Reply with a JSON tool call or a short summary."
+TOOL = ['search: {"hits": ["Paris is the capital of France", "Lyon is a city"]}', "read: Paris has 2.1 million people."]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2)
+
+
+def agent_loop(engine, params, gamma, seed=0):
+    messages, answers, stats = [{"role": "system", "content": SYSTEM}], [], []
+    for step, tool in enumerate(TOOL):
+        messages.append({"role": "user", "content": tool})
+        s = Stats()
+        ids = engine.encode(messages)
+        out = list(engine.stream_ids(ids, params, 16, gamma, seed + step, s))
+        answers.append(out)
+        stats.append(s)
+        messages.append({"role": "assistant", "content": engine.tokenizer.decode(out, skip_special_tokens=True)})
+    return answers, stats
+
+
+@pytest.mark.parametrize("params,gamma", [(SamplingParams(temperature=0), 4),
+                                          (SamplingParams(temperature=1.0), 3)])
+def test_cached_equals_uncached_on_llama_cpp(engine, params, gamma):
+    engine.set_prefix_cache(None)
+    plain, _ = agent_loop(engine, params, gamma)
+    engine.set_prefix_cache(32)
+    try:
+        cached, stats = agent_loop(engine, params, gamma)
+        again, again_stats = agent_loop(engine, params, gamma)  # the whole first step is cached now
+    finally:
+        engine.set_prefix_cache(None)
+    assert cached == plain == again
+    assert stats[1].cached_tokens > 0 and again_stats[0].cached_tokens > 0
+    assert all(s.cached_tokens + s.prefill_tokens > 0 for s in stats)
