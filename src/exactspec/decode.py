@@ -106,7 +106,7 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         eos_at = next((i for i, tok in enumerate(emitted) if stop_on_eos and tok in target.eos_token_ids), None)
         if eos_at is not None:
             emitted = emitted[: eos_at + 1]
-        stats.record(len(drafts), n, len(emitted))
+        stats.record(len(drafts), n, len(emitted), drafter.name if drafter is not None else None)
         context += emitted
         produced += len(emitted)
         stats.decode_s = decode_base + time.perf_counter() - t_start

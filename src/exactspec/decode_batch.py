@@ -203,7 +203,7 @@ class BatchDecoder:
         eos_at = next((i for i, t in enumerate(emitted) if t in eos), None)
         if eos_at is not None:
             emitted = emitted[: eos_at + 1]
-        row.stats.record(k, n, len(emitted))
+        row.stats.record(k, n, len(emitted), row.drafter.name if row.drafter is not None else None)
         row.context += emitted
         row.produced += len(emitted)
         row.stats.decode_s = time.perf_counter() - row.started
@@ -268,5 +268,5 @@ def _sum_rows_into(batch_stats: Stats, row_stats: list[Stats]) -> None:
     """Batch counters = sums over rows, except target calls (one batched forward serves all rows)."""
     rows = total(row_stats)
     for name in ("draft_calls", "proposed", "accepted", "rejections", "emitted", "accepted_per_position",
-                 "cached_tokens", "prefill_tokens"):
+                 "cached_tokens", "prefill_tokens", "drafts_by"):
         setattr(batch_stats, name, getattr(rows, name))

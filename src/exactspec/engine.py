@@ -18,6 +18,7 @@ from .costmodel import AutoGamma, CostModel, measure_drafter, measure_target
 from .decode import decode
 from .decode_batch import decode_batch
 from .detokenize import IncrementalText
+from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
@@ -30,7 +31,8 @@ from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
 from .sampling import SamplingParams
 from .stats import Stats, total
 
-DRAFT_NAMES = ("prompt-lookup", "bigram", "unigram", "none")
+DRAFT_NAMES = ("prompt-lookup", "bigram", "unigram", "auto", "none")
+AUTO_ARMS = ("prompt-lookup", "bigram")  # plus the draft model, when the engine has one
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Engine:
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
+        self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
 
     # --- prefix cache ----------------------------------------------------------------------
     def set_prefix_cache(self, budget_mb: float | None) -> None:
@@ -97,7 +100,22 @@ class Engine:
             return NGramDrafter(self.target.vocab_size, order=2 if draft == "bigram" else 1)
         if draft == "model" and self.draft_model is not None:
             return ModelDrafter(self.draft_model)
+        if draft == "auto":
+            arms = AUTO_ARMS + (("model",) if self.draft_model is not None else ())
+            return AutoDrafter(self.draft_bandit(), {name: self.make_drafter(name) for name in arms})
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
+
+    def draft_bandit(self) -> DraftBandit:
+        """The `auto` drafter's knowledge (acceptance and cost per drafter), over the target's T(k)."""
+        if self._bandit is None:
+            self.cost_model("none")  # measures T(k) once (shared by every cost model)
+            self._bandit = DraftBandit(self._target_costs)
+        return self._bandit
+
+    def uses_draft_model(self, draft: str | None = None) -> bool:
+        """Whether generations with `draft` run the draft model (one sequence at a time: it has one cache)."""
+        draft = self.draft if draft is None else draft
+        return draft == "model" or (draft == "auto" and self.draft_model is not None)
 
     def cost_model(self, draft: str | None = None, max_gamma: int = 8) -> CostModel:
         """The target's T(k) (measured once, refined by every auto-gamma iteration: the lists are shared
@@ -172,7 +190,7 @@ class Engine:
         results = [self.new_result(p, chat_template) for p in prompts for _ in range(n)]
         base = seed if seed is not None else int(torch.randint(2**62, ()).item())
         draft = self.draft if draft is None else draft
-        if not hasattr(self.target, "forward_rows") or draft == "model":
+        if not hasattr(self.target, "forward_rows") or self.uses_draft_model(draft):
             return self._sequential(results, max_new_tokens, stop, base, gamma, draft, params)
         first, policy = self.drafting(gamma, draft)  # one policy for the batch, one drafter per row
         drafters = [first] + [self.make_drafter(draft) if first else None for _ in results[1:]]

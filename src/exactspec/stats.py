@@ -16,6 +16,7 @@ class Stats:
     rejections: int = 0  # iterations that ended on a rejected draft
     emitted: int = 0  # tokens produced (accepted + corrections/bonus)
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: times draft i was accepted
+    drafts_by: dict[str, int] = field(default_factory=dict)  # target calls with drafts, per drafter that made them
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     prefill_tokens: int = 0  # prompt tokens prefilled (computed)
     prefill_s: float = 0.0
@@ -23,8 +24,10 @@ class Stats:
     draft_s: float = 0.0  # time inside the drafter
     verify_s: float = 0.0  # time in target forward + verification
 
-    def record(self, proposed: int, accepted: int, emitted: int) -> None:
+    def record(self, proposed: int, accepted: int, emitted: int, drafter: str | None = None) -> None:
         self.target_calls += 1
+        if proposed and drafter is not None:
+            self.drafts_by[drafter] = self.drafts_by.get(drafter, 0) + 1
         self.draft_calls += proposed > 0
         self.proposed += proposed
         self.accepted += accepted
@@ -60,7 +63,9 @@ class Stats:
         return self.emitted / self.decode_s if self.decode_s > 0 else None
 
     def merge(self, other: "Stats") -> "Stats":
-        out = Stats(**{k: v for k, v in asdict(self).items() if k != "accepted_per_position"})
+        out = Stats(**{k: v for k, v in asdict(self).items() if k not in ("accepted_per_position", "drafts_by")})
+        out.drafts_by = {k: self.drafts_by.get(k, 0) + other.drafts_by.get(k, 0)
+                         for k in {**self.drafts_by, **other.drafts_by}}
         for name in ("target_calls", "draft_calls", "proposed", "accepted", "rejections", "emitted",
                      "cached_tokens", "prefill_tokens"):
             setattr(out, name, getattr(self, name) + getattr(other, name))

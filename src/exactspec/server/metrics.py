@@ -22,6 +22,8 @@ class Metrics:
         self.accepted_by_position = Counter(
             "exactspec_accepted_tokens_by_position", "Draft tokens accepted, by position in the draft",
             ["position"], registry=r)
+        self.drafts_by = Counter("exactspec_drafts_by_drafter", "Target calls that verified drafts, by the drafter "
+                                 "that made them (with --draft auto: the one it chose)", ["drafter"], registry=r)
         self.emitted_tokens = Counter("exactspec_emitted_tokens", "Completion tokens generated", registry=r)
         self.cancelled = Counter("exactspec_cancelled_generations",
                                  "Generations stopped early because their client went away", registry=r)
@@ -68,6 +70,8 @@ class Metrics:
         for position, count in enumerate(stats.accepted_per_position):
             self.accepted_by_position.labels(position=str(position)).inc(count)
         self.emitted_tokens.inc(tokens)
+        for drafter, count in stats.drafts_by.items():
+            self.drafts_by.labels(drafter=drafter).inc(count)
         if tokens:
             self.time_per_output_token.observe(stats.decode_s / tokens)
         if cancelled:

@@ -29,6 +29,7 @@ def speculative(stats: Stats) -> dict:
         "acceptance_rate": stats.acceptance_rate,
         "target_calls": stats.target_calls,
         "tokens_per_target_call": stats.tokens_per_target_call,
+        "drafts_by": stats.drafts_by,  # target calls with drafts per drafter (--draft auto's choices)
     }
 
 

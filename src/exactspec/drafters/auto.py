@@ -1,0 +1,129 @@
+"""`--draft auto`: choose among the available drafters per iteration, by measured acceptance x cost.
+
+The seed paper's point: the right draft depends on the target and the workload (prompt lookup wins
+when the answer copies the prompt, an n-gram or a draft model when it does not). A small bandit over
+the cost model decides: each drafter ("arm") keeps a Beta posterior over its per-token acceptance α
+and a measured cost per proposed token c; before each proposal every arm draws an α from its
+posterior (Thompson sampling) and scores max_γ E[tokens](α, γ) / step_cost(γ, c) (Leviathan et al.,
+Theorem 3.8, with the target's measured T(k)); the best arm proposes. If it has nothing to propose
+(prompt lookup without a match), the next best does.
+
+What earlier requests taught is kept per engine (`DraftBandit`), shrunk to a bounded weight, and
+each request adds its own outcomes on top, so a request that copies its prompt switches to prompt
+lookup within a few iterations even after many chat requests. Exactness is untouched: whichever arm
+proposes, its proposal and draft law go to the same verifier. At T > 0 a seed fixes the output only
+given the bandit's state (the choice of arm depends on what earlier requests taught it).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling import SamplingParams
+from ..theory import expected_tokens
+from .base import Drafter, Proposal
+
+
+@dataclass
+class Arm:
+    """What is known about one drafter: accepted drafts, rejections, seconds per proposed token."""
+
+    successes: float = 0.0
+    failures: float = 0.0
+    draft_s_per_token: float | None = None  # measured from its proposals (EMA)
+    chosen: int = 0  # proposals made
+
+    def observe_cost(self, seconds_per_token: float) -> None:
+        old = self.draft_s_per_token
+        self.draft_s_per_token = seconds_per_token if old is None else old + 0.2 * (seconds_per_token - old)
+
+
+@dataclass
+class DraftBandit:
+    """Per-engine knowledge of every drafter, kept across requests. `target_s`: the target's T(k),
+    k = 1..K (the engine's cost model, shared and refined by auto-γ)."""
+
+    target_s: list[float]
+    prior: tuple[float, float] = (1.0, 1.0)  # Beta(successes, failures) before any outcome
+    memory: float = 32.0  # earlier requests weigh at most this many outcomes
+    arms: dict[str, Arm] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
+
+    def arm(self, name: str) -> Arm:
+        return self.arms.setdefault(name, Arm())
+
+    def score(self, alpha: float, draft_s_per_token: float, k: int) -> float:
+        """Best predicted speed-up over γ = 1..k (Theorem 3.8 with measured costs)."""
+        t1 = self.target_s[0]
+        best = 0.0
+        for gamma in range(1, min(k, len(self.target_s) - 1) + 1):
+            cost = (gamma * draft_s_per_token + self.target_s[gamma]) / t1
+            best = max(best, expected_tokens(alpha, gamma) / cost)
+        return best
+
+    def ranking(self, names: list[str], local: dict[str, Arm], k: int) -> list[str]:
+        """Arms ordered best first by Thompson-sampled score: the engine's posterior (shrunk to at most
+        `memory` outcomes) plus this request's own outcomes (`local`)."""
+        scores = {}
+        with self.lock:
+            for name in names:
+                glob, own = self.arm(name), local.setdefault(name, Arm())
+                seen = glob.successes + glob.failures
+                w = min(1.0, self.memory / seen) if seen else 1.0
+                a = self.prior[0] + w * glob.successes + own.successes
+                b = self.prior[1] + w * glob.failures + own.failures
+                alpha = self.rng.betavariate(a, b)
+                cost = own.draft_s_per_token if own.draft_s_per_token is not None else glob.draft_s_per_token
+                scores[name] = self.score(alpha, cost or 0.0, k)
+        return sorted(names, key=lambda n: -scores[n])
+
+
+class AutoDrafter:
+    """A `Drafter` that delegates each proposal to the arm the bandit ranks first. `name` is the arm
+    that made the last proposal (what the decode loops record per drafter)."""
+
+    def __init__(self, bandit: DraftBandit, arms: dict[str, Drafter]) -> None:
+        if not arms:
+            raise ValueError("auto drafting needs at least one drafter")
+        self.bandit, self.arms = bandit, arms
+        self.local: dict[str, Arm] = {}
+        self.name = "auto"
+        self._last: str | None = None
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        self._last = None
+        if k <= 0:
+            return Proposal.empty()
+        for name in self.bandit.ranking(list(self.arms), self.local, k):
+            t = time.perf_counter()
+            proposal = self.arms[name].propose(context, k, params, generator)
+            if len(proposal):
+                per_token = (time.perf_counter() - t) / len(proposal)
+                self.local[name].observe_cost(per_token)
+                with self.bandit.lock:
+                    self.bandit.arm(name).observe_cost(per_token)
+                    self.bandit.arm(name).chosen += 1
+                self._last = self.name = name
+                return proposal
+        return Proposal.empty()
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        name = self._last
+        if name is None or not num_proposed:
+            return
+        self.arms[name].observe(num_proposed, num_accepted)
+        rejected = float(num_accepted < num_proposed)
+        own = self.local[name]
+        own.successes += num_accepted
+        own.failures += rejected
+        with self.bandit.lock:
+            arm = self.bandit.arm(name)
+            arm.successes += num_accepted
+            arm.failures += rejected

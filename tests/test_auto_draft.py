@@ -1,0 +1,95 @@
+"""`--draft auto`: a bandit over the drafters, by measured acceptance x cost. Exact whichever arm proposes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exactspec.decode import decode
+from exactspec.drafters.auto import AutoDrafter, DraftBandit
+from exactspec.drafters.model import ModelDrafter
+from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
+from exactspec.engine import Engine
+from exactspec.models.fast_llama import FastLlamaLM
+from exactspec.sampling import SamplingParams
+from exactspec.stats import Stats
+
+from .conftest import TINY_VOCAB, tiny_llama
+from .test_exactness import always_accept, chi_square_p, exact_law, sample_counts
+
+FLAT = [1e-3] * 9  # T(k) flat in k: speculation pays whenever anything is accepted
+
+
+def auto(bandit, tiny_draft=None):
+    arms = {"prompt-lookup": PromptLookupDrafter(), "bigram": NGramDrafter(TINY_VOCAB)}
+    if tiny_draft is not None:
+        arms["model"] = ModelDrafter(tiny_draft)
+    return AutoDrafter(bandit, arms)
+
+
+def test_greedy_output_equals_plain(tiny_target):
+    bandit = DraftBandit(FLAT)
+    prompt = [3, 5, 2, 3, 5, 7, 2, 3, 5]
+    plain = list(decode(tiny_target, None, prompt, SamplingParams(temperature=0), 0, 30))
+    stats = Stats()
+    got = list(decode(tiny_target, auto(bandit), prompt, SamplingParams(temperature=0), 3, 30, stats=stats))
+    assert got == plain
+    assert stats.drafts_by and set(stats.drafts_by) <= {"prompt-lookup", "bigram"}
+    assert sum(stats.drafts_by.values()) == stats.draft_calls
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5)])
+def test_samples_follow_target_law(tiny_target, tiny_draft, params):
+    bandit = DraftBandit(FLAT)
+    law = exact_law(tiny_target, params)
+    counts = sample_counts(tiny_target, lambda: auto(bandit, tiny_draft), params, 2)
+    assert chi_square_p(counts, law) > 1e-3
+    assert len([a for a in bandit.arms.values() if a.chosen]) >= 2  # several arms did propose
+
+
+def test_negative_control_is_detected(tiny_target, tiny_draft):
+    params = SamplingParams(temperature=1.0)
+    law = exact_law(tiny_target, params)
+    counts = sample_counts(tiny_target, lambda: auto(DraftBandit(FLAT), tiny_draft), params, 2,
+                           verifier=always_accept)
+    assert chi_square_p(counts, law) < 1e-6
+
+
+def test_ranking_follows_acceptance_and_cost():
+    bandit = DraftBandit(FLAT)
+    good, bad = bandit.arm("good"), bandit.arm("bad")
+    good.successes, good.failures, bad.successes, bad.failures = 90, 10, 10, 90
+    good.draft_s_per_token = bad.draft_s_per_token = 1e-5
+    firsts = [bandit.ranking(["bad", "good"], {}, 4)[0] for _ in range(200)]
+    assert firsts.count("good") > 190
+    good.draft_s_per_token = 1.0  # accepted often, but 1000x a target step per token: never worth it
+    firsts = [bandit.ranking(["bad", "good"], {}, 4)[0] for _ in range(200)]
+    assert firsts.count("bad") > 190
+
+
+def test_a_request_overrides_what_earlier_ones_taught():
+    """Earlier requests taught that 'bad' is bad; this request's own outcomes say it accepts everything."""
+    bandit = DraftBandit(FLAT)
+    bandit.arm("good").successes, bandit.arm("good").failures = 500, 500
+    bandit.arm("bad").successes, bandit.arm("bad").failures = 0, 1000
+    for arm in bandit.arms.values():
+        arm.draft_s_per_token = 1e-5
+    local = {}
+    assert [bandit.ranking(["bad", "good"], local, 4)[0] for _ in range(50)].count("good") > 45
+    local["bad"].successes = 60  # 15 iterations of 4 accepted drafts
+    assert [bandit.ranking(["bad", "good"], local, 4)[0] for _ in range(50)].count("bad") > 45
+
+
+def test_engine_auto_learns_across_requests_and_reports_choices():
+    target = FastLlamaLM(tiny_llama(0), eos_token_ids=set(), capacity=32)
+    engine = Engine(target, tokenizer=None, draft="auto", gamma=3, chat_template=False)
+    copying = [3, 5, 2, 3, 5, 7, 2] * 4
+    stats = Stats()
+    plain = list(engine.stream_ids(copying, SamplingParams(temperature=0), 24, gamma=0))
+    assert list(engine.stream_ids(copying, SamplingParams(temperature=0), 24, stats=stats)) == plain
+    assert sum(stats.drafts_by.values()) == stats.draft_calls > 0
+    bandit = engine.draft_bandit()
+    assert bandit is engine.draft_bandit() and sum(a.chosen for a in bandit.arms.values()) == stats.draft_calls
+    more = Stats()
+    list(engine.stream_ids(copying, SamplingParams(temperature=1.0), 24, seed=1, stats=more))
+    assert sum(a.chosen for a in bandit.arms.values()) == stats.draft_calls + more.draft_calls  # kept per engine
