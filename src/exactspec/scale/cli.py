@@ -58,7 +58,8 @@ def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
     from . import init_ray
     from .serve import Replicas, run
 
-    replicas = Replicas(args.replicas or args.min_replicas or 1, args.cpus_per_replica, args.min_replicas,
+    count = args.replicas if args.replicas is not None else max(1, args.min_replicas or 1)
+    replicas = Replicas(count, args.cpus_per_replica, args.min_replicas,
                         args.max_replicas, args.target_ongoing_requests)
     for name in ("count", "cpus"):
         if getattr(replicas, name) <= 0:
