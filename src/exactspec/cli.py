@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_subcommand(sub)
 
+    from .scale.cli import add_batch_subcommand
+
+    add_batch_subcommand(sub)
+
     bench = sub.add_parser("bench", help="benchmark speculative vs plain decoding side by side",
                            description="Run our plain decoding, our speculative decoding per drafter and gamma, "
                                        "and Hugging Face generate anchors in one process, interleaved; report "

@@ -174,12 +174,14 @@ class Engine:
         return result
 
     def generate_batch(self, prompts: str | list[str], n: int = 1, max_new_tokens: int = 256,
-                       stop: list[str] | None = None, seed: int | None = None, gamma: int | str | None = None,
+                       stop: list[str] | None = None, seed: int | list[int | None] | None = None,
+                       gamma: int | str | None = None,
                        chat_template: bool | None = None, draft: str | None = None,
                        **sampling) -> tuple[list[GenerationResult], Stats]:
         """Decode every prompt n times in ONE batch (one target forward per iteration for all rows).
-        Results are prompt-major (prompt 0's n samples first); row i uses seed + i. Returns the results
-        and the batch's stats (target_calls = batched forwards). Targets without a batched cache,
+        Results are prompt-major (prompt 0's n samples first); row i uses seed + i, or, with one seed per
+        prompt, prompt p's sample j uses seed[p] + j (as a lone request with that seed would; None: random).
+        Returns the results and the batch's stats (target_calls = batched forwards). Targets without a batched cache,
         and draft models, run the rows one after another instead."""
         prompts = [prompts] if isinstance(prompts, str) else prompts
         if n < 1:
@@ -188,14 +190,14 @@ class Engine:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         params = SamplingParams(**sampling)
         results = [self.new_result(p, chat_template) for p in prompts for _ in range(n)]
-        base = seed if seed is not None else int(torch.randint(2**62, ()).item())
+        seeds = _row_seeds(seed, len(prompts), n)
         draft = self.draft if draft is None else draft
         if not hasattr(self.target, "forward_rows") or self.uses_draft_model(draft):
-            return self._sequential(results, max_new_tokens, stop, base, gamma, draft, params)
+            return self._sequential(results, max_new_tokens, stop, seeds, gamma, draft, params)
         first, policy = self.drafting(gamma, draft)  # one policy for the batch, one drafter per row
         drafters = [first] + [self.make_drafter(draft) if first else None for _ in results[1:]]
         batch_stats, cancelled = Stats(), set()
-        gens = [torch.Generator().manual_seed(base + i) for i in range(len(results))]
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
         for row, tokens in decode_batch(self.target, drafters, [r.prompt_token_ids for r in results], params,
                                         policy, max_new_tokens, gens, [r.stats for r in results], batch_stats,
                                         cancelled):
@@ -203,9 +205,9 @@ class Engine:
                 cancelled.add(row)
         return results, batch_stats
 
-    def _sequential(self, results, max_new_tokens, stop, base, gamma, draft, params):
-        for i, result in enumerate(results):
-            for _ in self._run(result, max_new_tokens, stop, base + i, gamma, draft, params):
+    def _sequential(self, results, max_new_tokens, stop, seeds, gamma, draft, params):
+        for result, seed in zip(results, seeds):
+            for _ in self._run(result, max_new_tokens, stop, seed, gamma, draft, params):
                 pass
         return results, total(r.stats for r in results)
 
@@ -250,6 +252,19 @@ class Engine:
             return "", done
         safe = result.detokenizer.safe_length(final=done or final)
         return result.text[sent:safe] if safe > sent else "", done
+
+
+def _row_seeds(seed: int | list[int | None] | None, prompts: int, n: int) -> list[int]:
+    """One seed per row of a prompt-major batch: seed + i, or seed[p] + j per prompt (None: random)."""
+    def fresh() -> int:
+        return int(torch.randint(2**62, ()).item())
+
+    if isinstance(seed, list):
+        if len(seed) != prompts:
+            raise ExactSpecError(f"{len(seed)} seeds for {prompts} prompts")
+        return [(fresh() if s is None else s) + j for s in seed for j in range(n)]
+    base = fresh() if seed is None else seed
+    return [base + i for i in range(prompts * n)]
 
 
 def seeded(seed: int | None) -> torch.Generator:

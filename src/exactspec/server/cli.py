@@ -31,6 +31,9 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off (--prefix-cache-mb 0)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id reported by /v1/models and in responses (default: the target's file name)")
+    from ..scale.cli import add_ray_serve_args
+
+    add_ray_serve_args(p)
     p.set_defaults(func=cmd_serve)
     return p
 
@@ -54,6 +57,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ExactSpecError(f"the server needs its extra dependencies ({e.name} is missing): "
                              "pip install 'exactspec[server]'") from None
+    from ..scale.cli import serve_on_ray, wants_ray_serve
+
+    if wants_ray_serve(args):
+        return serve_on_ray(args, args.model_name or default_model_name(args.target))
     engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb)
     warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
     uvicorn.run(create_app(engine, args.model_name or default_model_name(args.target), args.max_rows),

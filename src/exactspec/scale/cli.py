@@ -1,0 +1,129 @@
+"""Command-line glue for scale-out: `serve --replicas N ...` (Ray Serve) and `batch IN.jsonl` (Ray Data or in-process)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import ExactSpecError
+
+
+def add_ray_serve_args(p: argparse.ArgumentParser) -> None:
+    """`serve`'s Ray Serve options; without --replicas (or autoscaling bounds) `serve` is plain uvicorn."""
+    g = p.add_argument_group("scale out on Ray Serve (needs: pip install 'exactspec[ray]')")
+    g.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="serve through Ray Serve with N replicas, each its own engine (target + drafter)")
+    _add_ray_args(g, "replica")
+    g.add_argument("--min-replicas", type=int, default=None, metavar="N", help="autoscale: fewest replicas")
+    g.add_argument("--max-replicas", type=int, default=None, metavar="N", help="autoscale: most replicas")
+    g.add_argument("--target-ongoing-requests", type=float, default=None, metavar="R",
+                   help="autoscale: requests per replica (queued or running) that Serve aims for")
+
+
+def _add_ray_args(g, unit: str) -> None:
+    g.add_argument(f"--cpus-per-{unit}", type=float, default=1.0, metavar="C",
+                   help=f"CPUs Ray reserves for each {unit}; it runs C torch threads (default 1)")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="join a running cluster: 'auto' (this machine's `ray start --head`) or ray://HOST:10001; "
+                        "default: start a private one-machine cluster")
+
+
+def wants_ray_serve(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.replicas, args.min_replicas, args.max_replicas,
+                                       args.target_ongoing_requests))
+
+
+def load_kwargs(args: argparse.Namespace) -> dict:
+    """`exactspec.load` keywords from the model options (what a replica or worker loads)."""
+    import os
+
+    target = os.path.abspath(args.target) if args.target else None  # workers may run elsewhere
+    return dict(target=target, draft=args.draft, gamma=args.gamma, threads=args.threads, backend=args.backend)
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    """Refuse missing paths here, before Ray starts anything (a replica that cannot load retries forever)."""
+    import os
+
+    from ..engine import DRAFT_NAMES
+
+    if args.target and not os.path.exists(args.target):
+        raise ExactSpecError(f"model path not found: {args.target}")
+    if args.draft not in DRAFT_NAMES and not os.path.exists(args.draft):
+        raise ExactSpecError(f"unknown draft {args.draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
+
+
+def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
+    """`exactspec serve --replicas N`: deploy and serve until interrupted."""
+    from . import init_ray
+    from .serve import Replicas, run
+
+    count = args.replicas if args.replicas is not None else max(1, args.min_replicas or 1)
+    replicas = Replicas(count, args.cpus_per_replica, args.min_replicas,
+                        args.max_replicas, args.target_ongoing_requests)
+    for name in ("count", "cpus"):
+        if getattr(replicas, name) <= 0:
+            raise ExactSpecError(f"--{'replicas' if name == 'count' else 'cpus-per-replica'} must be > 0")
+    if replicas.min_replicas is not None and replicas.min_replicas < 0:
+        raise ExactSpecError("--min-replicas must be >= 0")
+    if replicas.max_replicas is not None and replicas.max_replicas < max(replicas.count, replicas.min_replicas or 0):
+        raise ExactSpecError("--max-replicas must be >= --replicas and --min-replicas")
+    _check_target(args)
+    init_ray(args.ray_address)
+    print(f"exactspec: deploying {replicas.count} replica(s) on Ray Serve; http://{args.host}:{args.port}/v1",
+          file=sys.stderr)
+    run(load_kwargs(args), model_name, args.max_rows, replicas, args.host, args.port, blocking=True)
+    return 0
+
+
+def add_batch_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from ..cli import _add_model_args
+
+    p = subparsers.add_parser(
+        "batch", help="generate for every line of a JSON-lines file (in-process or on Ray Data)",
+        description="Each input line is a request with the server's fields: {\"id\", \"prompt\" (raw text) or "
+                    "\"messages\" (chat), \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"min_p\", "
+                    "\"seed\", \"stop\", \"gamma\"} (defaults: the server's; temperature 1). Each output line, "
+                    "in input order: {\"id\", \"text\", \"token_ids\", \"finish_reason\", \"stats\"}, or {\"id\", "
+                    "\"error\"} for a bad line (reported with its line number; the others still run). Lines "
+                    "with the same options decode together as one batch; each keeps its own seed.")
+    p.add_argument("input", metavar="IN.jsonl", help="input file ('-': standard input)")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.jsonl", help="output file")
+    p.add_argument("--batch-size", type=int, default=16, metavar="B", help="lines per batch (default 16)")
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N",
+                   help="token budget for lines that set no max_tokens (default 256)")
+    _add_model_args(p)
+    g = p.add_argument_group("scale out on Ray Data (needs: pip install 'exactspec[ray]')")
+    g.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="run on Ray Data with N engine workers (default: in this process, no Ray)")
+    _add_ray_args(g, "worker")
+    p.set_defaults(func=cmd_batch)
+    return p
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from ..engine import check_gamma
+    from . import batch
+
+    args.gamma = check_gamma(args.gamma)
+    for flag, value in (("--batch-size", args.batch_size), ("--max-tokens", args.max_tokens)):
+        if value < 1:
+            raise ExactSpecError(f"{flag} must be >= 1, got {value}")
+    if args.replicas is not None and args.replicas < 1:
+        raise ExactSpecError(f"--replicas must be >= 1, got {args.replicas}")
+    lines = list(batch.read_lines(args.input))
+    if args.replicas is None:
+        from ..cli import load_engine
+
+        outputs = batch.run_local(load_engine(args), lines, args.batch_size, args.max_tokens)
+    else:
+        from . import init_ray
+
+        _check_target(args)
+        init_ray(args.ray_address)
+        outputs = batch.run_ray(load_kwargs(args), lines, args.batch_size, args.max_tokens, args.replicas,
+                                args.cpus_per_worker)
+    count, errors, seconds = batch.write(outputs, args.output, total=len(lines))
+    print(f"exactspec: {count} lines ({errors} with errors) in {seconds:.1f} s, {count / max(seconds, 1e-9):.2f} "
+          f"lines/s -> {args.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,290 @@
+"""Scale-out on a real local Ray cluster (loopback, one per module): Ray Serve replicas of the OpenAI app
+and batch generation on Ray Data, against the single-process engine.
+
+Replicas and batch workers load a tiny random Llama saved with a character-level tokenizer (no EOS,
+so every request runs to its budget and lengths are predictable); references are computed in this
+process with the same checkpoint at the replicas' thread count (1).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import string
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+
+import exactspec
+from exactspec.errors import ExactSpecError
+
+from .conftest import tiny_llama
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'exactspec[ray]'")
+serve = pytest.importorskip("ray.serve")
+
+from exactspec.scale import batch, require_ray  # noqa: E402
+from exactspec.scale.serve import REPLICA_HEADER, Replicas  # noqa: E402
+from exactspec.scale.serve import run as serve_run  # noqa: E402
+
+CHARS = string.ascii_lowercase + string.digits + " .,:?!\n"
+MODEL = "tiny"
+
+
+def save_tiny_checkpoint(path) -> None:
+    """A 2-layer random Llama (vocab 64) and a matching character tokenizer with a chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<pad>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
+    fast.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: "
+    fast.save_pretrained(path)
+    model = tiny_llama(0, vocab=64)
+    model.config.eos_token_id = model.generation_config.eos_token_id = None  # run every request to its budget
+    model.save_pretrained(path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_checkpoint(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    """The single-process reference engine, at the replicas' thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield exactspec.load(tiny_dir, draft="prompt-lookup", gamma=4)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the module: 4 logical CPUs (2 replicas + 2 batch workers) on 2 cores."""
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def served(cluster, tiny_dir):
+    """The OpenAI app on Ray Serve: 2 replicas x 1 CPU, at most 2 rows (and 2 ongoing requests) each."""
+    port = _free_port()
+    started = time.perf_counter()
+    serve_run(dict(target=tiny_dir, draft="prompt-lookup", gamma=4), MODEL, 2, Replicas(count=2, cpus=1), port=port)
+    print(f"[2 replicas ready in {time.perf_counter() - started:.1f} s]", file=sys.stderr)
+    return f"http://127.0.0.1:{port}"
+
+
+def prompt(i: int) -> str:
+    return f"count {i} and {i + 1}:"
+
+
+def complete(base: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{base}/v1/completions", json={"model": MODEL, **body}, timeout=120)
+
+
+def test_two_replicas_serve_16_concurrent_requests_exactly(served, engine):
+    chat = [{"role": "user", "content": "hello there"}]
+    refs = [engine.generate(prompt(i), max_new_tokens=24, temperature=0, chat_template=False) for i in range(14)]
+    ref_chat = engine.generate(chat, max_new_tokens=24, temperature=0)
+    ref_sampled = engine.generate(prompt(0), max_new_tokens=24, temperature=0.9, top_k=20, seed=11,
+                                  chat_template=False)
+
+    def text(i: int) -> tuple[str, str, str]:
+        if i < 14:
+            r = complete(served, {"prompt": prompt(i), "max_tokens": 24, "temperature": 0})
+            return r.headers.get(REPLICA_HEADER), r.json()["choices"][0]["text"], refs[i].text
+        if i == 14:
+            r = httpx.post(f"{served}/v1/chat/completions", timeout=120,
+                           json={"messages": chat, "max_tokens": 24, "temperature": 0})
+            return r.headers.get(REPLICA_HEADER), r.json()["choices"][0]["message"]["content"], ref_chat.text
+        r = complete(served, {"prompt": prompt(0), "max_tokens": 24, "temperature": 0.9, "top_k": 20, "seed": 11})
+        return r.headers.get(REPLICA_HEADER), r.json()["choices"][0]["text"], ref_sampled.text
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(text, range(16)))
+    assert all(got == want for _, got, want in answers), "a replica's output differs from the engine's"
+    replicas = {replica for replica, _, _ in answers}
+    assert None not in replicas and len(replicas) == 2, f"both replicas should serve some: {replicas}"
+
+    metrics = httpx.get(f"{served}/metrics", timeout=30)  # per replica: the one named in the header
+    assert metrics.headers[REPLICA_HEADER] in replicas and "exactspec_emitted_tokens_total" in metrics.text
+    bad = complete(served, {"prompt": "x", "temperature": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
+
+
+def test_streaming_through_serve_equals_non_streaming(served):
+    body = {"prompt": prompt(3), "max_tokens": 30, "temperature": 0}
+    whole = complete(served, body).json()["choices"][0]["text"]
+    pieces, done = [], False
+    with httpx.stream("POST", f"{served}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.headers["content-type"].startswith("text/event-stream") and r.headers.get(REPLICA_HEADER)
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                pieces.append(json.loads(line[6:])["choices"][0]["text"])
+    assert done and len(pieces) > 2 and "".join(pieces) == whole
+
+
+def _stream(base: str, i: int, log: list) -> None:
+    """One streaming request; logs (i, replica, when its headers came, completed with [DONE] and right text)."""
+    replica, started, pieces, done = None, None, [], False
+    try:
+        with httpx.stream("POST", f"{base}/v1/completions", timeout=120,
+                          json={"prompt": prompt(i), "max_tokens": 90, "temperature": 0, "stream": True}) as r:
+            replica, started = r.headers.get(REPLICA_HEADER), time.monotonic()
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = r.status_code == 200
+                elif line.startswith("data: ") and '"choices"' in line:
+                    pieces.append(json.loads(line[6:])["choices"][0]["text"])
+    except httpx.HTTPError:
+        done = False
+    log.append((i, replica, started, done, "".join(pieces)))
+
+
+def test_killing_a_replica_loses_no_request_that_had_not_started(served, engine):
+    refs = {i: engine.generate(prompt(i), max_new_tokens=90, temperature=0, chat_template=False).text
+            for i in range(24)}
+    log: list = []
+    threads = [threading.Thread(target=_stream, args=(served, i, log)) for i in range(24)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while not any(entry[3] for entry in log) and time.monotonic() < deadline:  # one finished: the load is on
+        time.sleep(0.01)
+    running = [entry for entry in list(log)]
+    assert running, "no request finished"
+    victim = running[0][1]
+    killed_at = time.monotonic()
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    for t in threads:
+        t.join(120)
+    assert len(log) == 24
+    for i, replica, started, ok, text in log:
+        if not ok:  # only requests already running on the killed replica may fail, and they fail cleanly
+            assert replica == victim and started is not None and started < killed_at, (i, replica)
+        else:
+            assert text == refs[i], f"request {i} differs from the engine's output"
+    lost = sum(not ok for *_, ok, _ in log)
+    waiting = sum(started is None or started > killed_at for _, _, started, _, _ in log)
+    print(f"[kill: {lost} lost, {waiting} had not started]", file=sys.stderr)
+    assert lost <= 2, f"{lost} requests lost; a replica holds at most 2"
+    assert waiting >= 8, "the kill came too late to test queued requests"
+
+    def recovered() -> bool:  # Serve replaces the dead replica; both serve again
+        status = serve.status().applications["exactspec"].deployments["ExactSpec"]
+        return status.status == "HEALTHY" and status.replica_states.get("RUNNING") == 2
+
+    deadline = time.monotonic() + 90
+    while not recovered():
+        assert time.monotonic() < deadline, "the deployment did not recover"
+        time.sleep(0.5)
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda i: complete(served, {"prompt": prompt(i), "max_tokens": 90, "temperature": 0}),
+                                range(8)))
+    assert all(r.status_code == 200 and r.json()["choices"][0]["text"] == refs[i] for i, r in enumerate(replies))
+    assert victim not in {r.headers[REPLICA_HEADER] for r in replies}
+
+
+def batch_lines() -> list[str]:
+    """20 lines: raw prompts and chats, greedy and seeded sampling, and one bad line (line 8)."""
+    lines = []
+    for i in range(20):
+        line = {"id": f"q{i}", "max_tokens": 8 + i % 5, "temperature": 0}
+        if i == 7:
+            line["temperature"] = -1
+        if i % 3 == 0:
+            line["messages"] = [{"role": "user", "content": f"say {i}"}]
+        else:
+            line["prompt"] = prompt(i)
+        if i % 4 == 1:
+            line.update(temperature=0.8, top_p=0.9, seed=100 + i)
+        lines.append(json.dumps(line))
+    return lines
+
+
+def expected(engine, lines: list[str]) -> list[dict]:
+    """Each good line through `Engine.generate_batch` on its own."""
+    out = []
+    for n, raw in enumerate(lines, 1):
+        line = json.loads(raw)
+        if line["temperature"] < 0:
+            out.append({"id": line["id"], "error": f"line {n}"})
+            continue
+        sampling = {k: line[k] for k in ("temperature", "top_p") if k in line}
+        [result], _ = engine.generate_batch([line.get("messages") or line["prompt"]], seed=[line.get("seed")],
+                                            max_new_tokens=line["max_tokens"], chat_template=False, **sampling)
+        out.append({"id": line["id"], "text": result.text, "token_ids": result.token_ids,
+                    "finish_reason": result.finish_reason})
+    return out
+
+
+def assert_matches(outputs: list[dict], want: list[dict]) -> None:
+    assert len(outputs) == len(want)
+    for got, ref in zip(outputs, want):
+        assert got["id"] == ref["id"]
+        if "error" in ref:
+            assert got["error"].startswith(ref["error"] + ": temperature") and "text" not in got
+        else:
+            assert {k: got[k] for k in ref} == ref and got["stats"]["emitted"] == len(ref["token_ids"])
+
+
+def test_batch_on_ray_data_equals_generate_batch_line_for_line(cluster, engine, tiny_dir):
+    lines = batch_lines()
+    numbered = list(enumerate(lines, 1))
+    on_ray = list(batch.run_ray(dict(target=tiny_dir, draft="prompt-lookup", gamma=4), numbered, batch_size=4,
+                                default_max_tokens=16, replicas=2))
+    want = expected(engine, lines)
+    assert_matches(on_ray, want)
+    assert_matches(list(batch.run_local(engine, numbered, batch_size=6, default_max_tokens=16)), want)
+
+
+def test_batch_command_in_process(tmp_path, tiny_dir, engine, capsys):
+    from exactspec.cli import main
+
+    lines = batch_lines()
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(lines[:10]) + "\n\n")  # blank lines are skipped
+    assert main(["batch", str(src), "-o", str(out), "--target", tiny_dir, "--batch-size", "3"]) == 0
+    assert_matches([json.loads(x) for x in out.read_text().splitlines()], expected(engine, lines[:10]))
+    assert "line 8: temperature" in capsys.readouterr().err
+    assert main(["batch", str(tmp_path / "missing.jsonl"), "-o", str(out)]) == 2
+    assert main(["batch", str(src), "-o", str(out), "--replicas", "0"]) == 2
+    assert "exactspec: error: --replicas must be >= 1" in capsys.readouterr().err
+
+
+def test_serve_replicas_refuses_bad_options_before_starting_ray(capsys):
+    from exactspec.cli import main
+
+    assert main(["serve", "--replicas", "0"]) == 2
+    assert main(["serve", "--replicas", "2", "--max-replicas", "1"]) == 2
+    assert main(["serve", "--replicas", "1", "--target", "/nonexistent/model"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 and all(line.startswith("exactspec: error: ") for line in err)
+
+
+def test_missing_ray_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray.data", None)  # what `import ray.data` meets without the extra
+    with pytest.raises(ExactSpecError, match=r"pip install 'exactspec\[ray\]'"):
+        require_ray("data")
