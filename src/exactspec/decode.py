@@ -19,10 +19,10 @@ from .errors import ExactSpecError
 from .models.base import CausalLM
 from .sampling import SamplingParams, warp
 from .stats import Stats
-from .verify import accept_greedy, verify
+from .verify import accept_greedy, accept_greedy_lenient, verify
 
-# (draft ids [γ], draft probs [γ, V] | None, target probs [γ+1, V], generator) -> emitted tokens
-Verifier = Callable[[list[int], torch.Tensor | None, torch.Tensor, torch.Generator | None], list[int]]
+# (draft ids [γ], draft probs [γ, V] | None, target probs [γ+1, V], generator[, lenience=L]) -> emitted tokens
+Verifier = Callable[..., list[int]]
 
 
 def argmax_forward(target: CausalLM, new_ids: list[int]) -> list[int]:
@@ -53,6 +53,8 @@ def decode(
     if len(prompt_ids) >= target.max_length:
         raise ExactSpecError(f"prompt of {len(prompt_ids)} tokens does not fit the {target.max_length}-token context")
     stats = stats if stats is not None else Stats()
+    stats.lenience = min(stats.lenience, params.lenience)
+    lenient = {} if params.lenience == 1 else {"lenience": params.lenience}  # lossy, opt-in (see verify.py)
     t0 = time.perf_counter()
     target.reset()
     if len(prompt_ids) > 1:
@@ -73,12 +75,14 @@ def decode(
         stats.draft_s += t_verify - t
 
         feed = [context[-1], *drafts]
-        if params.greedy and verifier is verify:  # same outputs, no [k'+1, V] arrays (see accept_greedy)
+        if params.greedy and verifier is verify and not lenient:  # same outputs, no [k'+1, V] arrays
             emitted = accept_greedy(drafts, argmax_forward(target, feed))
+        elif params.greedy and verifier is verify:  # lenient greedy compares the un-warped target law
+            emitted = accept_greedy_lenient(drafts, target.forward(torch.tensor([feed]))[0].softmax(-1), params.lenience)
         else:
             target_probs = warp(target.forward(torch.tensor([feed]))[0], params)  # [k'+1, V]
             draft_probs = proposal.probs[:k] if proposal is not None and proposal.probs is not None else None
-            emitted = verifier(drafts, draft_probs, target_probs, generator)
+            emitted = verifier(drafts, draft_probs, target_probs, generator, **lenient)
         n = len(emitted) - 1  # accepted drafts
         target.truncate(len(context) + n)
         t_done = time.perf_counter()

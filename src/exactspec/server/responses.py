@@ -29,6 +29,8 @@ def speculative(stats: Stats) -> dict:
         "acceptance_rate": stats.acceptance_rate,
         "target_calls": stats.target_calls,
         "tokens_per_target_call": stats.tokens_per_target_call,
+        "lenience": stats.lenience,  # 1 = exact; < 1 = lossy (the output law is not the target's)
+        "exact": stats.exact,
     }
 
 
