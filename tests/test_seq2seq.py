@@ -258,3 +258,21 @@ def test_server_completions_on_a_t5_pair(saved):
         assert done.model_extra["speculative"]["exact"] is True
         with pytest.raises(openai.BadRequestError, match="chat template"):
             srv.client.chat.completions.create(model="t5", messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("model", ["t5", "llama"])  # one-at-a-time worker; batched worker (lenient jobs leave the batch)
+def test_server_reports_lenience(saved, model):
+    import exactspec
+    from exactspec.server.app import create_app
+
+    from .test_server import _running
+
+    engine = exactspec.load(saved[model], draft="prompt-lookup", gamma=4)
+    for srv in _running(create_app(engine, model_name=model), None):
+        done = srv.client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=1.0, n=2, seed=1,
+                                             extra_body={"lenience": 0.5})
+        assert done.model_extra["speculative"]["lenience"] == 0.5 and done.model_extra["speculative"]["exact"] is False
+        with pytest.raises(openai.BadRequestError, match="lenience"):
+            srv.client.completions.create(model=model, prompt=PROMPT, max_tokens=4, extra_body={"lenience": 0})
+        exact = srv.client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
+        assert exact.model_extra["speculative"]["exact"] is True
