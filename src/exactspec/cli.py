@@ -35,6 +35,9 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
+    g.add_argument("--lenience", type=float, default=1.0, metavar="L",
+                   help="LOSSY, off by default: accept drafts more leniently (paper appendix A.5): L in (0, 1], "
+                        "1 = exact (default); smaller accepts more drafts but the output is no longer the target's")
     g.add_argument("--seed", type=int, default=None, help="random seed (same seed, same output)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="generation budget per sample (default 128)")
     g.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
@@ -135,7 +138,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .sampling import SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                    lenience=args.lenience)
     SamplingParams(**sampling)  # validate before the slow model load
     if args.num_samples < 1:
         raise ExactSpecError(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -182,7 +186,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     rate = stats.acceptance_rate
     print(f"\n[{stats.emitted} tokens, {stats.tokens_per_s or 0:.1f} tok/s, {stats.target_calls} target calls, "
           f"{stats.tokens_per_target_call or 0:.2f} tokens/call, acceptance "
-          f"{'n/a' if rate is None else f'{rate:.2f}'}]", file=sys.stderr)
+          f"{'n/a' if rate is None else f'{rate:.2f}'}"
+          f"{'' if stats.exact else f', LOSSY: lenience {stats.lenience:g}'}]", file=sys.stderr)
     if args.compare:
         c = out["compare"]
         print(f"[plain decoding: {c['plain_tokens_per_s']:.1f} tok/s; speed-up {c['speedup']:.2f}x; "

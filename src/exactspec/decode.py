@@ -20,10 +20,10 @@ from .models.base import CausalLM
 from .models.prefix_cache import prefill_prompt, remember
 from .sampling import SamplingParams, warp
 from .stats import Stats
-from .verify import accept_greedy, verify
+from .verify import accept_greedy, accept_greedy_lenient, verify
 
-# (draft ids [γ], draft probs [γ, V] | None, target probs [γ+1, V], generator) -> emitted tokens
-Verifier = Callable[[list[int], torch.Tensor | None, torch.Tensor, torch.Generator | None], list[int]]
+# (draft ids [γ], draft probs [γ, V] | None, target probs [γ+1, V], generator[, lenience=L]) -> emitted tokens
+Verifier = Callable[..., list[int]]
 
 
 def argmax_forward(target: CausalLM, new_ids: list[int]) -> list[int]:
@@ -54,6 +54,7 @@ def decode(
     if len(prompt_ids) >= target.max_length:
         raise ExactSpecError(f"prompt of {len(prompt_ids)} tokens does not fit the {target.max_length}-token context")
     stats = stats if stats is not None else Stats()
+    stats.lenience = min(stats.lenience, params.lenience)
     t0 = time.perf_counter()
     reused = prefill_prompt(target, prompt_ids[:-1])  # through the adapter's prefix cache, if any
     stats.cached_tokens += reused
@@ -72,6 +73,7 @@ def decode(
 
 def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, stats, stop_on_eos, verifier):
     """`decode`'s iterations; `context` grows in place."""
+    lenient = {} if params.lenience == 1 else {"lenience": params.lenience}  # lossy, opt-in (see verify.py)
     produced = 0
     t_start, decode_base = time.perf_counter(), stats.decode_s
     while produced < max_new_tokens and len(context) < target.max_length:
@@ -85,12 +87,14 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         stats.draft_s += t_verify - t
 
         feed = [context[-1], *drafts]
-        if params.greedy and verifier is verify:  # same outputs, no [k'+1, V] arrays (see accept_greedy)
+        if params.greedy and verifier is verify and not lenient:  # same outputs, no [k'+1, V] arrays
             emitted = accept_greedy(drafts, argmax_forward(target, feed))
+        elif params.greedy and verifier is verify:  # lenient greedy compares the un-warped target law
+            emitted = accept_greedy_lenient(drafts, target.forward(torch.tensor([feed]))[0].softmax(-1), params.lenience)
         else:
             target_probs = warp(target.forward(torch.tensor([feed]))[0], params)  # [k'+1, V]
             draft_probs = proposal.probs[:k] if proposal is not None and proposal.probs is not None else None
-            emitted = verifier(drafts, draft_probs, target_probs, generator)
+            emitted = verifier(drafts, draft_probs, target_probs, generator, **lenient)
         n = len(emitted) - 1  # accepted drafts
         target.truncate(len(context) + n)
         t_done = time.perf_counter()

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -22,11 +23,13 @@ from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
+from .drafters.source import WithSource
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
 from .models.base import CausalLM
 from .models.prefix_cache import PrefixCache
+from .models.seq2seq import Seq2SeqLM, is_encoder_decoder, load_seq2seq_model
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
 from .sampling import SamplingParams
 from .stats import Stats, total
@@ -122,6 +125,8 @@ class Engine:
         by every drafter's cost model) and the drafter's time per token (measured once per drafter, then
         refined by its auto-gamma proposals)."""
         draft = self.draft if draft is None else draft
+        if self.is_encoder_decoder and (self._target_costs is None or draft not in self._costs):
+            self._set_source(torch.randint(0, self.target.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist())
         if self._target_costs is None:
             self._target_costs = measure_target(self.target, max_k=max_gamma + 1)
             self._target_observations = [0] * len(self._target_costs)
@@ -141,6 +146,16 @@ class Engine:
             gamma = AutoGamma(self.cost_model(draft), self.prior_alpha) if drafter is not None else 0
         return drafter, gamma
 
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return isinstance(self.target, Seq2SeqLM)
+
+    def _set_source(self, source_ids: list[int]) -> None:
+        """Encoder-decoder pair: run the target's (and the draft model's) encoder over the source."""
+        self.target.set_source(source_ids)
+        if self.draft_model is not None:
+            self.draft_model.set_source(source_ids)
+
     # --- generation ------------------------------------------------------------------------
     def stream_ids(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int = 256,
                    gamma: int | str | None = None, seed: int | None = None, stats: Stats | None = None,
@@ -150,6 +165,14 @@ class Engine:
         if max_new_tokens <= 0:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         drafter, policy = self.drafting(gamma, draft)
+        if self.is_encoder_decoder:  # the prompt is the encoder's source; the decoder starts from its start token
+            t = time.perf_counter()
+            self._set_source(prompt_ids)
+            if stats is not None:
+                stats.prefill_s += time.perf_counter() - t
+            if drafter is not None and not isinstance(drafter, ModelDrafter):
+                drafter = WithSource(drafter, prompt_ids, len(self.target.decoder_prompt), self.target.eos_token_ids)
+            prompt_ids = self.target.decoder_prompt
         return decode(self.target, drafter, prompt_ids, params, policy, max_new_tokens, seeded(seed), stats,
                       stop_on_eos)
 
@@ -192,7 +215,7 @@ class Engine:
         results = [self.new_result(p, chat_template) for p in prompts for _ in range(n)]
         seeds = _row_seeds(seed, len(prompts), n)
         draft = self.draft if draft is None else draft
-        if not hasattr(self.target, "forward_rows") or self.uses_draft_model(draft):
+        if not hasattr(self.target, "forward_rows") or self.uses_draft_model(draft) or params.lenience != 1:
             return self._sequential(results, max_new_tokens, stop, seeds, gamma, draft, params)
         first, policy = self.drafting(gamma, draft)  # one policy for the batch, one drafter per row
         drafters = [first] + [self.make_drafter(draft) if first else None for _ in results[1:]]
@@ -283,7 +306,10 @@ def check_gamma(gamma: int | str) -> int | str:
 
 
 def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast: bool = True) -> CausalLM:
-    """The lean Llama-family forward when the architecture allows it, else the transformers one."""
+    """The encoder-decoder adapter for T5/BART-like modules; else the lean Llama-family forward when the
+    architecture allows it, else the transformers one."""
+    if getattr(module.config, "is_encoder_decoder", False):
+        return Seq2SeqLM(module, eos_token_ids)
     if fast and fast_llama.supports(module):
         return fast_llama.FastLlamaLM(module, eos_token_ids)
     return HFCausalLM(module, eos_token_ids)
@@ -315,11 +341,17 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend) ->
     path = target or embedded_model_path()
     if draft not in DRAFT_NAMES and not os.path.exists(draft):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
+    seq2seq = is_encoder_decoder(path)
+    if draft not in DRAFT_NAMES and is_encoder_decoder(draft) != seq2seq:
+        kind = lambda enc: "an encoder-decoder (T5/BART-like)" if enc else "a decoder-only"  # noqa: E731
+        raise ExactSpecError(f"draft {draft} is {kind(not seq2seq)} model but the target is {kind(seq2seq)} one: "
+                             "use a draft of the same kind")
+    load_module = load_seq2seq_model if seq2seq else load_hf_model
     tokenizer = load_tokenizer(path)
-    target_lm = adapter(load_hf_model(path, dtype), _eos_ids(tokenizer), fast)
+    target_lm = adapter(load_module(path, dtype), _eos_ids(tokenizer), fast)
     draft_lm = None
     if draft not in DRAFT_NAMES:
-        draft_lm = adapter(load_hf_model(draft, dtype), target_lm.eos_token_ids, fast)
+        draft_lm = adapter(load_module(draft, dtype), target_lm.eos_token_ids, fast)
         check_same_vocab(target_lm, draft_lm, tokenizer, draft)
         draft = "model"
     return Engine(target_lm, tokenizer, draft, gamma, draft_lm, chat_template)

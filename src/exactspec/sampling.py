@@ -23,6 +23,9 @@ class SamplingParams:
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1 disables
     min_p: float = 0.0  # 0 disables
+    # Not a warp but the verifier's acceptance rule: 1 is exact; L in (0, 1) accepts more drafts and is
+    # LOSSY (the output law moves towards the drafter's; see verify.py). Here so it travels with a request.
+    lenience: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0) or self.temperature == float("inf"):
@@ -33,6 +36,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (0.0 < self.lenience <= 1.0):
+            raise ValueError(f"lenience must be in (0, 1] (1 = exact; smaller is lossy), got {self.lenience}")
 
     @property
     def greedy(self) -> bool:

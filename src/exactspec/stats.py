@@ -23,6 +23,7 @@ class Stats:
     decode_s: float = 0.0
     draft_s: float = 0.0  # time inside the drafter
     verify_s: float = 0.0  # time in target forward + verification
+    lenience: float = 1.0  # the verifier's lenience (1 = exact; < 1 = lossy, see verify.py); merged: the smallest
 
     def record(self, proposed: int, accepted: int, emitted: int, drafter: str | None = None) -> None:
         self.target_calls += 1
@@ -55,6 +56,11 @@ class Stats:
         return self.emitted / self.target_calls if self.target_calls else None
 
     @property
+    def exact(self) -> bool:
+        """False when a lenient (lossy) acceptance rule was used."""
+        return self.lenience == 1
+
+    @property
     def wall_s(self) -> float:
         return self.prefill_s + self.decode_s
 
@@ -71,6 +77,7 @@ class Stats:
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("prefill_s", "decode_s", "draft_s", "verify_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
+        out.lenience = min(self.lenience, other.lenience)
         n = max(len(self.accepted_per_position), len(other.accepted_per_position))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
         out.accepted_per_position = [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))]
@@ -84,6 +91,7 @@ class Stats:
             tokens_per_target_call=self.tokens_per_target_call,
             wall_s=self.wall_s,
             tokens_per_s=self.tokens_per_s,
+            exact=self.exact,
         )
         return d
 

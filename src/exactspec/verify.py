@@ -8,6 +8,13 @@ num_accepted + 1 tokens. `target_probs` / `draft_probs` are already warped (see 
 All randomness enters through `uniforms` [γ+1]: entry i < γ decides acceptance of draft i, the last
 drives inverse-CDF sampling of the correction/bonus token.
 
+Lenience (Leviathan et al. 2023, appendix A.5), opt-in and LOSSY: with 0 < L < 1 a draft is accepted
+with probability min(1, p(x) / (L·q(x))) and the first rejected position draws from
+norm(max(0, p - L·q)); for greedy decoding (`accept_greedy_lenient`) a draft is kept while
+p(x) >= L·max p. The output law is then NOT the target's: it leans towards the draft's (more drafts
+are accepted, which is the point). L = 1 (the default) is the exact rule above, on the same code
+path. (Our reading of the paper's appendix, with its p/q names swapped to ours: p target, q draft.)
+
 One row at a time, in NumPy: both decode loops (one sequence, or a batch whose rows each verify their
 own drafts after one shared target forward) call it per row, and on a fast backend (llama.cpp,
 ~10 ms per token) the ~25 small torch ops of a batched tensor formulation cost ~5% of every token.
@@ -27,8 +34,10 @@ def verify_with_uniforms(
     draft_probs: ArrayLike | None,  # [γ, V] or None (point-mass proposals)
     target_probs: ArrayLike,  # [γ+1, V]
     uniforms: ArrayLike,  # [γ+1] in [0, 1)
+    lenience: float = 1.0,  # L in (0, 1]; < 1 is lossy (see the module docstring)
 ) -> list[int]:
     """-> the emitted tokens: the accepted drafts, then one token from the residual or the bonus law."""
+    check_lenience(lenience)
     gamma = len(draft_ids)
     p, u = as_numpy(target_probs), as_numpy(uniforms)
     q = None if draft_probs is None else as_numpy(draft_probs)
@@ -37,16 +46,16 @@ def verify_with_uniforms(
     n = 0
     while n < gamma:
         x = draft_ids[n]
-        accept = u[n] < p[n, x] if q is None else u[n] * q[n, x] < p[n, x]  # u < p/q without dividing by q
+        accept = u[n] * lenience < p[n, x] if q is None else u[n] * lenience * q[n, x] < p[n, x]  # u < p/(Lq)
         if not accept:
             break
         n += 1
     residual = p[n]  # the bonus law when every draft was accepted
-    if n < gamma and q is None:  # max(0, p - point mass at x) is p without x
+    if n < gamma and q is None:  # max(0, p - L·point mass at x): p with p(x) lowered by L (to 0 at L = 1)
         residual = p[n].copy()
-        residual[draft_ids[n]] = 0
+        residual[draft_ids[n]] = max(residual[draft_ids[n]] - lenience, 0)
     elif n < gamma:
-        residual = np.maximum(p[n] - q[n], 0)
+        residual = np.maximum(p[n] - (q[n] if lenience == 1 else lenience * q[n]), 0)
     if not residual.sum() > 0:  # p == q exactly: rejection had probability 0
         residual = p[n]
     return draft_ids[:n] + [sample_from_uniform(residual, u[gamma])]
@@ -57,10 +66,17 @@ def verify(
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
+    lenience: float = 1.0,
 ) -> list[int]:
     """`verify_with_uniforms` with γ+1 uniforms drawn from `generator`."""
     uniforms = torch.rand(len(draft_ids) + 1, generator=generator)
-    return verify_with_uniforms(draft_ids, draft_probs, target_probs, uniforms)
+    return verify_with_uniforms(draft_ids, draft_probs, target_probs, uniforms, lenience)
+
+
+def check_lenience(lenience: float) -> None:
+    """Lenience must be in (0, 1]: 1 is exact, smaller accepts more drafts and changes the output law."""
+    if not 0.0 < lenience <= 1.0:
+        raise ValueError(f"lenience must be in (0, 1] (1 = exact; smaller is lossy), got {lenience}")
 
 
 def accept_greedy(draft_ids: list[int], target_ids: list[int]) -> list[int]:
@@ -74,10 +90,24 @@ def accept_greedy(draft_ids: list[int], target_ids: list[int]) -> list[int]:
     return draft_ids[:n] + [target_ids[n]]
 
 
+def accept_greedy_lenient(draft_ids: list[int], target_probs: ArrayLike, lenience: float) -> list[int]:
+    """Greedy decoding with lenience L (LOSSY for L < 1): draft i is kept while p_i(x_i) >= L·max p_i,
+    where p_i is the target's un-warped next-token law (softmax of its logits); then the target's
+    argmax follows. target_probs [γ+1, V]. At L = 1 this is `accept_greedy` (up to exact ties)."""
+    check_lenience(lenience)
+    p = as_numpy(target_probs)
+    n = 0
+    while n < len(draft_ids) and p[n, draft_ids[n]] >= lenience * p[n].max():
+        n += 1
+    return draft_ids[:n] + [int(p[n].argmax())]
+
+
 def verify_reference(
-    draft_ids: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor, uniforms: list[float]
+    draft_ids: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor, uniforms: list[float],
+    lenience: float = 1.0,
 ) -> list[int]:
-    """One token at a time, straight from the paper, in torch. The test oracle for `verify`.
+    """One token at a time, straight from the paper (appendix A.5 for lenience < 1), in torch. The test
+    oracle for `verify`.
 
     draft_probs [γ, V] or None, target_probs [γ+1, V]; returns the emitted tokens.
     """
@@ -85,10 +115,10 @@ def verify_reference(
     for i, x in enumerate(draft_ids):
         p = target_probs[i]
         q = draft_probs[i] if draft_probs is not None else torch.nn.functional.one_hot(torch.tensor(x), p.numel()).float()
-        if uniforms[i] < min(1.0, float(p[x]) / float(q[x])) if q[x] > 0 else True:
+        if uniforms[i] < min(1.0, float(p[x]) / (lenience * float(q[x]))) if q[x] > 0 else True:
             out.append(x)
             continue
-        residual = (p - q).clamp_min(0)
+        residual = (p - lenience * q).clamp_min(0)
         if residual.sum() <= 0:
             residual = p
         out.append(sample_from_uniform(residual, uniforms[-1]))

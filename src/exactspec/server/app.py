@@ -75,7 +75,8 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
     def plan(body: GenerationRequest, prompt: str | list[dict], chat_template: bool | None, budget: int | None,
              prompt_param: str, budget_param: str) -> list[Job]:
         """Tokenise and check a request; one job per sample."""
-        sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p)
+        sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+                        lenience=body.lenience)
         try:
             SamplingParams(**sampling)
         except ValueError as e:
@@ -92,7 +93,8 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
                            prompt_param, "context_length_exceeded")
         if budget is not None and budget > context:
             raise ApiError(400, f"{budget_param} is {budget}; this model's context is {context} tokens", budget_param)
-        options = dict(max_new_tokens=budget or context - len(ids), stop=body.stop_list(), gamma=body.gamma,
+        room = context - (len(engine.target.decoder_prompt) if engine.is_encoder_decoder else len(ids))
+        options = dict(max_new_tokens=budget or room, stop=body.stop_list(), gamma=body.gamma,
                        **sampling)
         return [Job(GenerationResult("", [], ids, "length"),
                     {**options, "seed": None if body.seed is None else body.seed + i}) for i in range(body.n)]

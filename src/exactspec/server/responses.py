@@ -30,6 +30,8 @@ def speculative(stats: Stats) -> dict:
         "target_calls": stats.target_calls,
         "tokens_per_target_call": stats.tokens_per_target_call,
         "drafts_by": stats.drafts_by,  # target calls with drafts per drafter (--draft auto's choices)
+        "lenience": stats.lenience,  # 1 = exact; < 1 = lossy (the output law is not the target's)
+        "exact": stats.exact,
     }
 
 

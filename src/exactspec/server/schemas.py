@@ -54,6 +54,7 @@ class GenerationRequest(_Strict):
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0, le=1)
     gamma: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
+    lenience: float = Field(1.0, gt=0, le=1)  # 1 = exact; < 1 accepts more drafts and is LOSSY
 
     def stop_list(self) -> list[str]:
         """`stop` as a list (OpenAI accepts one string or several)."""

@@ -36,6 +36,11 @@ Emit = Callable[[tuple[str, object]], None]
 NOT_SAMPLING = ("max_new_tokens", "stop", "seed", "gamma", "draft", "chat_template")
 
 
+def _batchable(entry: list["_Slot"]) -> bool:
+    """Lenient (lossy) requests decode alone, through the one-sequence loop (see Engine.generate_batch)."""
+    return all(slot.job.options.get("lenience", 1) == 1 for slot in entry)
+
+
 @dataclass
 class Job:
     """One sample: the result to fill (it carries the prompt token ids) and `Engine.stream` keywords."""
@@ -147,7 +152,8 @@ class Worker:
         an entry that does not fit holds back the ones behind it)."""
         taken = []
         with self._ready:
-            while self._waiting and self._waiting[0] is not None and len(self._waiting[0]) <= room:
+            while (self._waiting and self._waiting[0] is not None and len(self._waiting[0]) <= room
+                   and _batchable(self._waiting[0])):
                 entry = self._waiting.popleft()
                 self._queued -= len(entry)
                 room -= len(entry)
@@ -157,7 +163,7 @@ class Worker:
     # --- serving -------------------------------------------------------------------------------
     def _serve(self) -> None:
         while (entry := self._next()) is not None:
-            if self.batched:
+            if self.batched and _batchable(entry):
                 self._serve_batch(entry)
             else:
                 for slot in entry:

@@ -1,0 +1,32 @@
+"""Encoder-decoder targets: let a context drafter read the SOURCE text as well as the decoder's tokens.
+
+The decode loop's context for an encoder-decoder target is the decoder's: its start token(s) and
+what was generated. Summaries and translations copy from the source, which only the encoder sees,
+so prompt lookup (or an n-gram model) over the decoder alone would find nothing to copy. This wrapper
+hands the inner drafter `source + generated` instead (the decoder's start tokens and the source's
+trailing EOS left out, so a copied span runs on from the source into the output).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..sampling import SamplingParams
+from .base import Drafter, Proposal
+
+
+class WithSource:
+    def __init__(self, inner: Drafter, source_ids: list[int], decoder_start: int, eos_token_ids: set[int]):
+        self.inner, self.start = inner, decoder_start
+        self.name = inner.name
+        end = len(source_ids)
+        while end and source_ids[end - 1] in eos_token_ids:
+            end -= 1
+        self.source = list(source_ids[:end])
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        return self.inner.propose(self.source + context[self.start:], k, params, generator)
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        self.inner.observe(num_proposed, num_accepted)
