@@ -28,15 +28,20 @@ def require_ray(*extras: str):
     return ray
 
 
-def init_ray(address: str | None, num_cpus: int | None = None):
+def init_ray(address: str | None, num_cpus: float | None = None):
     """Join the cluster at `address` ("auto": the local `ray start --head`; "ray://host:10001": a remote
-    one via Ray Client), or start a private one on this machine when None. Idempotent."""
+    one via Ray Client), or start a private one on this machine when None, with at least `num_cpus`
+    logical CPUs (more replicas than cores then share the cores instead of waiting forever). Idempotent."""
+    import math
+    import os
+
     ray = require_ray()
     if ray.is_initialized():
         return ray
     try:
         if address is None:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
+            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:

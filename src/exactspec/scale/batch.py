@@ -191,7 +191,8 @@ def run_ray(load_kwargs: dict, lines: Iterable[Line], batch_size: int, default_m
     if not items:
         return
     threads = load_kwargs.get("threads") or max(1, int(cpus))
-    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 4 * replicas)))
+    blocks = min(-(-len(items) // batch_size), 32 * replicas)  # enough inputs to keep every worker busy
+    ds = ray.data.from_items(items, override_num_blocks=blocks)
     ds = ds.map_batches(_RayWorker, fn_constructor_kwargs={"load_kwargs": {**load_kwargs, "threads": threads},
                                                            "default_max_tokens": default_max_tokens},
                         batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=cpus,

@@ -37,8 +37,9 @@ def load_kwargs(args: argparse.Namespace) -> dict:
     """`exactspec.load` keywords from the model options (what a replica or worker loads)."""
     import os
 
-    target = os.path.abspath(args.target) if args.target else None  # workers may run elsewhere
-    return dict(target=target, draft=args.draft, gamma=args.gamma, threads=args.threads, backend=args.backend)
+    target = os.path.abspath(args.target) if args.target else None  # workers start in other directories
+    draft = os.path.abspath(args.draft) if os.path.exists(args.draft) else args.draft
+    return dict(target=target, draft=draft, gamma=args.gamma, threads=args.threads, backend=args.backend)
 
 
 def _check_target(args: argparse.Namespace) -> None:
@@ -64,14 +65,13 @@ def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
     for name in ("count", "cpus"):
         if getattr(replicas, name) <= 0:
             raise ExactSpecError(f"--{'replicas' if name == 'count' else 'cpus-per-replica'} must be > 0")
-    if replicas.min_replicas is not None and replicas.min_replicas < 0:
-        raise ExactSpecError("--min-replicas must be >= 0")
+    if replicas.min_replicas is not None and not 0 <= replicas.min_replicas <= replicas.count:
+        raise ExactSpecError("--min-replicas must be >= 0 and <= --replicas (the replicas it starts with)")
     if replicas.max_replicas is not None and replicas.max_replicas < max(replicas.count, replicas.min_replicas or 0):
         raise ExactSpecError("--max-replicas must be >= --replicas and --min-replicas")
     _check_target(args)
-    init_ray(args.ray_address)
-    print(f"exactspec: deploying {replicas.count} replica(s) on Ray Serve; http://{args.host}:{args.port}/v1",
-          file=sys.stderr)
+    init_ray(args.ray_address, max(replicas.count, replicas.max_replicas or 0) * replicas.cpus)
+    print(f"exactspec: deploying {replicas.count} replica(s) on Ray Serve", file=sys.stderr)
     run(load_kwargs(args), model_name, args.max_rows, replicas, args.host, args.port, blocking=True)
     return 0
 
@@ -111,6 +111,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
             raise ExactSpecError(f"{flag} must be >= 1, got {value}")
     if args.replicas is not None and args.replicas < 1:
         raise ExactSpecError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.cpus_per_worker <= 0:
+        raise ExactSpecError(f"--cpus-per-worker must be > 0, got {args.cpus_per_worker}")
     lines = list(batch.read_lines(args.input))
     if args.replicas is None:
         from ..cli import load_engine
@@ -120,7 +122,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         from . import init_ray
 
         _check_target(args)
-        init_ray(args.ray_address)
+        init_ray(args.ray_address, args.replicas * args.cpus_per_worker)
         outputs = batch.run_ray(load_kwargs(args), lines, args.batch_size, args.max_tokens, args.replicas,
                                 args.cpus_per_worker)
     count, errors, seconds = batch.write(outputs, args.output, total=len(lines))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ExactSpecError
 from . import require_ray
 
 APP_NAME = "exactspec"
@@ -108,14 +109,30 @@ def run(load_kwargs: dict, model_name: str, max_rows: int, replicas: Replicas, h
     require_ray("serve")
     from ray import serve
 
+    import sys
+    import time
+
+    start = time.perf_counter()
     serve.start(http_options={"host": host, "port": port})
-    serve.run(application(load_kwargs, model_name, max_rows, replicas), name=APP_NAME, route_prefix="/",
-              blocking=False)
+    try:
+        serve.run(application(load_kwargs, model_name, max_rows, replicas), name=APP_NAME, route_prefix="/",
+                  blocking=False)
+    except RuntimeError as e:  # Serve gave up on replicas that failed to start (a model that cannot load)
+        raise ExactSpecError(f"the deployment failed: {_last_error(str(e))}") from None
     if not blocking:
         return
+    print(f"exactspec: {replicas.count} replica(s) ready in {time.perf_counter() - start:.1f} s: "
+          f"http://{host}:{port}/v1", file=sys.stderr)
     try:
         import threading
 
         threading.Event().wait()
     finally:
         serve.delete(APP_NAME)
+
+
+def _last_error(message: str) -> str:
+    """The most telling line of Serve's multi-line failure (the replica's exception), shortened."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line]
+    return (errors[-1] if errors else lines[0] if lines else "unknown error")[:300]
