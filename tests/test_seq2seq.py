@@ -276,3 +276,16 @@ def test_server_reports_lenience(saved, model):
             srv.client.completions.create(model=model, prompt=PROMPT, max_tokens=4, extra_body={"lenience": 0})
         exact = srv.client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
         assert exact.model_extra["speculative"]["exact"] is True
+
+
+def test_tune_table_on_a_t5_pair(saved):
+    proc = exactspec_cli("tune", "--table", "--target", saved["t5"], "--draft", saved["t5-draft"], "--gamma", "3",
+                         "--temperatures", "0,1", "--workloads", "grounded", "--prompts", "1", "--max-new-tokens", "8",
+                         "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert [(r["drafter"], r["temperature"]) for r in out["rows"]] == [
+        (d, t) for t in (0.0, 1.0) for d in ("prompt-lookup", "bigram", "model")]
+    for r in out["rows"]:
+        assert 0 <= r["alpha"] <= 1 and r["measured"] > 0 and r["predicted_tk"] > 0 and r["gamma"] == 3
+    assert out["target_ratios"][0] == 1.0

@@ -107,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--temperature", type=float, default=0.0)
     tune.add_argument("--max-new-tokens", type=int, default=64)
     tune.add_argument("--json", action="store_true")
+    tune.add_argument("--table", action="store_true",
+                      help="the paper's Table 3 on your pair: alpha per drafter x temperature x workload, c, the "
+                           "speed-up predicted (Theorem 3.8 and the measured T(k) model) and measured against plain "
+                           "decoding at --gamma, and the best gamma under each model")
+    tune.add_argument("--drafters", default=None, help="--table: comma list (default prompt-lookup,bigram, plus "
+                                                       "the draft model when --draft is a path)")
+    tune.add_argument("--temperatures", default="0,1", help="--table: comma list (default 0,1)")
+    tune.add_argument("--workloads", default="grounded,chat", help="--table: comma list (default grounded,chat)")
+    tune.add_argument("--prompts", type=int, default=2, help="--table: prompts per workload (default 2)")
+    tune.add_argument("--lenience", default="1", metavar="L,...",
+                      help="--table: also measure these LOSSY lenience values in (0, 1] (default 1 = exact only)")
     tune.set_defaults(func=cmd_tune)
 
     theory = sub.add_parser("theory", help="the paper's formulas: speed-up, arithmetic cost, optimal gamma",
@@ -289,6 +300,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .sampling import SamplingParams
     from .stats import Stats
 
+    if args.table:
+        return _tune_table(args)
     params = SamplingParams(temperature=args.temperature)
     engine = load_engine(args)
     if engine.draft == "none":
@@ -313,6 +326,45 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for row in table:
         print(f"{row['gamma']:5d}  {row['target_ratio']:15.2f}  {row['predicted_speedup']:18.2f}")
     print(f"recommended gamma: {best}" + ("  (do not speculate: verification costs more than it saves)" if best == 0 else ""))
+    return 0
+
+
+def _tune_table(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .bench.table import measure_table, to_markdown
+    from .bench.workloads import WORKLOADS
+    from .sampling import SamplingParams
+
+    workloads = [w for w in args.workloads.split(",") if w]
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise ExactSpecError(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS)}")
+    if not str(args.gamma).isdigit() or int(args.gamma) < 1:
+        raise ExactSpecError(f"tune --table measures at a fixed --gamma >= 1, got {args.gamma!r}")
+    gamma, temperatures = int(args.gamma), _floats(args.temperatures)
+    leniences = _floats(args.lenience)
+    for lenience in leniences:
+        SamplingParams(lenience=lenience)  # validate before the slow model load
+    if args.prompts < 1 or args.max_new_tokens < 1:
+        raise ExactSpecError("--prompts and --max-new-tokens must be >= 1")
+    engine = load_engine(args)
+    drafters = [d for d in (args.drafters or "prompt-lookup,bigram").split(",") if d]
+    if engine.draft == "model" and args.drafters is None:
+        drafters.append("model")
+    for d in drafters:
+        engine.make_drafter(d)  # refuse unknown names before measuring
+    engine.cost_model(drafters[0], max_gamma=max(8, gamma))
+    total = len(drafters) * len(temperatures) * len(workloads) * args.prompts * len(leniences)
+    with tqdm(total=total, desc="tune", unit="run", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
+        rows = measure_table(engine, drafters, temperatures, workloads, gamma, args.prompts, args.max_new_tokens, bar,
+                             leniences)
+    ratios = engine.cost_model(drafters[0]).ratios()
+    if args.json:
+        print(json.dumps({"rows": [r.to_dict() for r in rows], "target_ratios": ratios,
+                          "t1_s": engine.cost_model(drafters[0]).target_s[0]}))
+    else:
+        print(to_markdown(rows, ratios))
     return 0
 
 

@@ -44,7 +44,10 @@ def _prefill(target, prompts: list[list[int]]) -> None:
     target.truncate_rows(torch.tensor([len(p) - 1 for p in prompts]))
 
 
-def _check(target, prompts: list[list[int]]) -> None:
+def _check(target, rows: list["Row"]) -> None:
+    prompts = [r.prompt for r in rows]
+    if any(r.params.lenience != 1 for r in rows):  # its greedy rule needs un-warped laws the batch does not keep
+        raise ExactSpecError("lenient (lossy) rows are not batched: decode them with decode()")
     if any(not p for p in prompts):
         raise ExactSpecError("a prompt is empty")
     if max(len(p) for p in prompts) >= target.max_length:
@@ -91,7 +94,7 @@ class BatchDecoder:
     def start(self, rows: list[Row]) -> None:
         """Begin an empty batch with `rows`, prefilled together (one forward, padded if prompts differ;
         with a prefix cache, each distinct prompt joins through it instead)."""
-        _check(self.target, [r.prompt for r in rows])
+        _check(self.target, rows)
         if self.rows:
             raise ExactSpecError("the batch is running: add rows instead")
         if cache_of(self.target) is not None:
@@ -105,7 +108,7 @@ class BatchDecoder:
     def add(self, rows: list[Row]) -> None:
         """Prefill `rows` and append them to the batch (the rows it holds are untouched if this fails).
         Consecutive rows with the same prompt (a request's n samples) share one prefill."""
-        _check(self.target, [r.prompt for r in rows])
+        _check(self.target, rows)
         t0 = time.perf_counter()
         if not self.rows:
             self.target.reset(0)
@@ -247,7 +250,6 @@ def decode_batch(
     """Yield (row, tokens) each time a row accepts tokens. A row stops at EOS, max_new_tokens, the
     context limit, or when the caller adds its index to `cancelled`. An AutoGamma policy chooses one
     γ per iteration for the whole batch and learns from every row's outcome."""
-    _check(target, prompts)
     n_rows = len(prompts)
     row_stats = row_stats if row_stats is not None else [Stats() for _ in range(n_rows)]
     batch_stats = batch_stats if batch_stats is not None else Stats()

@@ -48,6 +48,8 @@ def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str) -> M
 def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
     module = engine.target.module
     eos = sorted(engine.target.eos_token_ids)
+    # generate returns prompt + new tokens; an encoder-decoder's, the decoder's start + new tokens
+    start = len(engine.target.decoder_prompt) if engine.is_encoder_decoder else None
 
     def run(prompt_ids, params, max_new_tokens, seed):
         torch.manual_seed(seed)
@@ -60,7 +62,7 @@ def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
         t = time.perf_counter()
         with torch.inference_mode():
             out = module.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        return out.shape[1] - len(prompt_ids), time.perf_counter() - t, None
+        return out.shape[1] - (len(prompt_ids) if start is None else start), time.perf_counter() - t, None
 
     gamma = generate_kwargs.get("prompt_lookup_num_tokens")
     drafter = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "model"}.get(method)
