@@ -1,0 +1,47 @@
+"""The agent workload: shipped transcripts, replayed step by step; rows carry per-step latency fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from exactspec.bench.agent import build_agent_methods, load_agent_workload, replay, run_agent_bench
+from exactspec.errors import ExactSpecError
+from exactspec.sampling import SamplingParams
+from exactspec.server.cli import add_serve_subcommand, cmd_serve
+
+
+def test_workload_is_shipped_data():
+    workload = load_agent_workload()
+    assert workload["system"] and len(workload["transcripts"]) >= 3
+    assert all(len(t["steps"]) >= 3 and t["task"] for t in workload["transcripts"])
+
+
+def test_agent_rows(embedded):
+    methods = build_agent_methods(embedded, ["prompt-lookup"], [4], 64, hf=False)
+    assert [m.method for m in methods] == ["exactspec-plain-nocache", "exactspec-plain", "exactspec-spec"]
+    workload = load_agent_workload()
+    texts = [[s.text for s in replay(m, workload, workload["transcripts"][0], SamplingParams(temperature=0), 8, 0,
+                                     steps=2)] for m in methods]
+    assert texts[0] == texts[1] == texts[2]  # greedy identity, with and without cache and speculation
+    rows = run_agent_bench(embedded, methods, 0.0, transcripts=1, steps=2, max_new_tokens=8)
+    assert embedded.prefix_cache is None  # the bench leaves the engine as it found it
+    by = {r["method"]: r for r in rows}
+    for r in rows:
+        assert r["workload"] == "agent" and r["steps"] == 2
+        for key in ("tokens_per_s", "speedup_vs_plain", "step_latency_s", "step_latency_p90_s", "ttft_s",
+                    "ttft_p90_s", "cached_tokens", "cached_tokens_p90", "prefill_tokens_avoided",
+                    "tokens_per_target_call", "gamma", "drafter", "temperature"):
+            assert key in r
+        assert 0 < r["ttft_s"] <= r["step_latency_s"] <= r["step_latency_p90_s"]
+    assert by["exactspec-plain-nocache"]["prefill_tokens_avoided"] == 0
+    assert by["exactspec-plain"]["prefill_tokens_avoided"] > 0 and by["exactspec-spec"]["cached_tokens_p90"] > 0
+
+
+def test_serve_refuses_a_negative_cache_budget():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_serve_subcommand(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["serve"]).prefix_cache_mb > 0  # on by default
+    with pytest.raises(ExactSpecError, match="prefix-cache-mb"):
+        cmd_serve(parser.parse_args(["serve", "--prefix-cache-mb", "-1"]))
