@@ -70,8 +70,10 @@ class ExactSpecReplica:
 
     def __init__(self, load_kwargs: dict, model_name: str, max_rows: int) -> None:
         from ..engine import load
+        from ..server.cli import warm_up
 
         self.engine = load(**load_kwargs)
+        warm_up(self.engine)  # as the plain server: γ auto measures T(k) before the replica reports ready
         self.model_name, self.max_rows = model_name, max_rows
 
     def __serve_build_asgi_app__(self):
