@@ -319,7 +319,9 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
          dtype: torch.dtype = torch.float32, threads: int | None = None, fast: bool = True,
          backend: str = "torch", prefix_cache_mb: float = 0) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
-    and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model.
+    and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model. An
+    encoder-decoder directory (T5, BART: `is_encoder_decoder` in config.json) loads through
+    AutoModelForSeq2SeqLM; its draft model must be one too, with the same vocabulary.
     `gamma` is drafts per target call, or "auto" (chosen each iteration from measured costs).
     `backend`: "torch" (default) or "llama.cpp" (GGUF files only; needs the llamacpp extra).
     `prefix_cache_mb`: keep the KV of recent sequences across requests in this many MiB (0 = off)."""
