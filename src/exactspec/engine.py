@@ -23,7 +23,7 @@ from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
-from .drafters.source import WithSource
+from .drafters.source import read_source
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
@@ -170,8 +170,8 @@ class Engine:
             self._set_source(prompt_ids)
             if stats is not None:
                 stats.prefill_s += time.perf_counter() - t
-            if drafter is not None and not isinstance(drafter, ModelDrafter):
-                drafter = WithSource(drafter, prompt_ids, len(self.target.decoder_prompt), self.target.eos_token_ids)
+            if drafter is not None:
+                drafter = read_source(drafter, prompt_ids, len(self.target.decoder_prompt), self.target.eos_token_ids)
             prompt_ids = self.target.decoder_prompt
         return decode(self.target, drafter, prompt_ids, params, policy, max_new_tokens, seeded(seed), stats,
                       stop_on_eos)
