@@ -209,7 +209,7 @@ def test_load_a_seq2seq_pair(saved):
     assert engine.is_encoder_decoder and not engine.chat_template
     plain = engine.generate(PROMPT, max_new_tokens=12, temperature=0, gamma=0)
     for gamma in (3, "auto"):
-        for draft in ("model", "prompt-lookup", "bigram"):
+        for draft in ("model", "prompt-lookup", "bigram", "auto"):
             out = engine.generate(PROMPT, max_new_tokens=12, temperature=0, gamma=gamma, draft=draft)
             assert out.token_ids == plain.token_ids, (gamma, draft)
     assert plain.prompt_token_ids == engine.tokenizer.encode(PROMPT)  # the source, EOS included

@@ -23,7 +23,7 @@ from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
-from .drafters.source import WithSource
+from .drafters.source import read_source
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
@@ -170,8 +170,8 @@ class Engine:
             self._set_source(prompt_ids)
             if stats is not None:
                 stats.prefill_s += time.perf_counter() - t
-            if drafter is not None and not isinstance(drafter, ModelDrafter):
-                drafter = WithSource(drafter, prompt_ids, len(self.target.decoder_prompt), self.target.eos_token_ids)
+            if drafter is not None:
+                drafter = read_source(drafter, prompt_ids, len(self.target.decoder_prompt), self.target.eos_token_ids)
             prompt_ids = self.target.decoder_prompt
         return decode(self.target, drafter, prompt_ids, params, policy, max_new_tokens, seeded(seed), stats,
                       stop_on_eos)
@@ -319,7 +319,9 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
          dtype: torch.dtype = torch.float32, threads: int | None = None, fast: bool = True,
          backend: str = "torch", prefix_cache_mb: float = 0) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
-    and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model.
+    and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model. An
+    encoder-decoder directory (T5, BART: `is_encoder_decoder` in config.json) loads through
+    AutoModelForSeq2SeqLM; its draft model must be one too, with the same vocabulary.
     `gamma` is drafts per target call, or "auto" (chosen each iteration from measured costs).
     `backend`: "torch" (default) or "llama.cpp" (GGUF files only; needs the llamacpp extra).
     `prefix_cache_mb`: keep the KV of recent sequences across requests in this many MiB (0 = off)."""

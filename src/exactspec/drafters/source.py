@@ -13,16 +13,32 @@ import torch
 
 from ..sampling import SamplingParams
 from .base import Drafter, Proposal
+from .model import ModelDrafter
+
+
+def read_source(drafter: Drafter, source_ids: list[int], decoder_start: int, eos_token_ids: set[int]) -> Drafter:
+    """`drafter` made to read the source: context drafters wrapped (each arm of `--draft auto`), a draft
+    model left as it is (its own encoder read the source)."""
+    if isinstance(drafter, ModelDrafter):
+        return drafter
+    arms = getattr(drafter, "arms", None)
+    if arms is not None:  # AutoDrafter
+        drafter.arms = {name: read_source(arm, source_ids, decoder_start, eos_token_ids) for name, arm in arms.items()}
+        return drafter
+    return WithSource(drafter, source_ids, decoder_start, eos_token_ids)
 
 
 class WithSource:
     def __init__(self, inner: Drafter, source_ids: list[int], decoder_start: int, eos_token_ids: set[int]):
         self.inner, self.start = inner, decoder_start
-        self.name = inner.name
         end = len(source_ids)
         while end and source_ids[end - 1] in eos_token_ids:
             end -= 1
         self.source = list(source_ids[:end])
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
