@@ -47,3 +47,22 @@ def test_cached_equals_uncached_on_llama_cpp(engine, params, gamma):
     assert cached == plain == again
     assert stats[1].cached_tokens > 0 and again_stats[0].cached_tokens > 0
     assert all(s.cached_tokens + s.prefill_tokens > 0 for s in stats)
+
+
+def test_agent_steps_over_long_history_equal_uncached(engine):
+    """Two agent steps over a ~700-token history: llama.cpp's one-token decode steps write KV that differs
+    in its last bits from a prefill of the same tokens, which once flipped a greedy choice here; only
+    prompt KV is cached on this backend, so the outputs stay identical."""
+    from exactspec.bench.agent import exactspec_agent_method, load_agent_workload, replay
+
+    workload = load_agent_workload()
+    greedy = SamplingParams(temperature=0)
+    runs = []
+    for mb in (0, 32):
+        steps = replay(exactspec_agent_method(engine, None, 0, mb), workload, workload["transcripts"][0], greedy,
+                       24, 0, steps=2)
+        runs.append([s.text for s in steps])
+        if mb:
+            assert steps[1].cached_tokens == steps[0].prompt_tokens - 1  # the first step's prompt
+    engine.set_prefix_cache(None)
+    assert runs[0] == runs[1]

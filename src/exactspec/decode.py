@@ -66,9 +66,9 @@ def decode(
         yield from _loop(target, drafter, context, params, gamma, max_new_tokens, generator, stats, stop_on_eos,
                          verifier)
     except GeneratorExit:  # the caller stopped early (stop string, client gone): the cache is consistent
-        remember(target, context)
+        remember(target, context, len(prompt_ids))
         raise
-    remember(target, context)
+    remember(target, context, len(prompt_ids))
 
 
 def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, stats, stop_on_eos, verifier):

@@ -171,7 +171,7 @@ class BatchDecoder:
         kept = set(still)
         for j, row in enumerate(rows):
             if j not in kept:  # its KV (prompt + generated) goes to the prefix cache, if any
-                remember(self.target, row.context, row=j, cached=keep_lengths[j])
+                remember(self.target, row.context, len(row.prompt), row=j, cached=keep_lengths[j])
         if len(still) < len(rows):
             order = _compact(still)
             self.target.select_rows(torch.tensor(order, dtype=torch.long))

@@ -177,6 +177,10 @@ class LlamaCppLM:
         self.max_length = min(want, int(llama_cpp.llama_n_ctx(self.ctx)))
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
+        # Only prompt KV goes to the prefix cache: KV written by one-token decode steps differs in its last
+        # bits from a prefill of the same tokens at long contexts (seen at ~500 tokens, where it flipped a
+        # greedy choice of the next agent step); prefills split anywhere are bit-equal (checked at 665).
+        self.cache_generated_kv = False
         self._length = 0
         self.reset()
 

@@ -152,11 +152,15 @@ def prefill_prompt(target, ids: list[int]) -> int:
     return 0
 
 
-def remember(target, context: list[int], row: int = 0, cached: int | None = None) -> None:
+def remember(target, context: list[int], prompt_length: int, row: int = 0, cached: int | None = None) -> None:
     """After a generation: keep the KV of `context` (prompt + generated) that `target`'s row holds.
-    `cached`: how many positions of the row are valid (default: the target's length)."""
+    `cached`: how many positions of the row are valid (default: the target's length). Adapters whose
+    decode steps write KV that differs in its last bits from a prefill of the same tokens
+    (`cache_generated_kv = False`: llama.cpp) keep only the prompt's prefilled part."""
     cache = cache_of(target)
     if cache is None:
         return
     held = target.length if cached is None else cached
+    if not getattr(target, "cache_generated_kv", True):
+        held = min(held, prompt_length - 1)
     cache.save(target, context[: min(held, len(context))], row)

@@ -96,6 +96,10 @@ def add_batch_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
                    help="token budget for lines that set no max_tokens (default 256)")
     _add_model_args(p)
+    p.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
+                   help="keep the KV of finished lines (prompt + answer) in up to MIB MiB: lines sharing a prefix "
+                        "(a system prompt, few-shot examples) prefill only the rest (default 1024; 0 = off)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off")
     g = p.add_argument_group("scale out on Ray Data (needs: pip install 'exactspec[ray]')")
     g.add_argument("--replicas", type=int, default=None, metavar="N",
                    help="run on Ray Data with N engine workers (default: in this process, no Ray)")
@@ -114,13 +118,16 @@ def cmd_batch(args: argparse.Namespace) -> int:
             raise ExactSpecError(f"{flag} must be >= 1, got {value}")
     if args.replicas is not None and args.replicas < 1:
         raise ExactSpecError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.prefix_cache_mb < 0:
+        raise ExactSpecError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     if args.cpus_per_worker <= 0:
         raise ExactSpecError(f"--cpus-per-worker must be > 0, got {args.cpus_per_worker}")
     lines = list(batch.read_lines(args.input))
     if args.replicas is None:
         from ..cli import load_engine
 
-        outputs = batch.run_local(load_engine(args), lines, args.batch_size, args.max_tokens)
+        engine = load_engine(args, prefix_cache_mb=load_kwargs(args)["prefix_cache_mb"])
+        outputs = batch.run_local(engine, lines, args.batch_size, args.max_tokens)
     else:
         from . import init_ray
 
