@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .costmodel import AutoGamma
+from .constraints import TargetLaw
 from .drafters.base import Drafter
 from .errors import ExactSpecError
 from .models.base import CausalLM
@@ -45,10 +46,13 @@ def decode(
     stats: Stats | None = None,
     stop_on_eos: bool = True,
     verifier: Verifier = verify,
+    law: TargetLaw | None = None,
 ) -> Iterator[int]:
     """Yield generated token ids as they are accepted. Stops at EOS (yielded), max_new_tokens or the
     context limit; the caller may stop early (stop strings) by closing the iterator.
-    `gamma` is a fixed number of drafts per iteration, or an AutoGamma policy asked before each one."""
+    `gamma` is a fixed number of drafts per iteration, or an AutoGamma policy asked before each one.
+    `law` (constraints.py): the per-position transform (grammar, penalties, logprobs) of `params`'
+    law, applied to target and drafts alike; it also proposes grammar-forced tokens."""
     if not prompt_ids:
         raise ExactSpecError("the prompt is empty")
     if len(prompt_ids) >= target.max_length:
@@ -64,14 +68,14 @@ def decode(
     context = list(prompt_ids)
     try:
         yield from _loop(target, drafter, context, params, gamma, max_new_tokens, generator, stats, stop_on_eos,
-                         verifier)
+                         verifier, law)
     except GeneratorExit:  # the caller stopped early (stop string, client gone): the cache is consistent
         remember(target, context, len(prompt_ids))
         raise
     remember(target, context, len(prompt_ids))
 
 
-def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, stats, stop_on_eos, verifier):
+def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, stats, stop_on_eos, verifier, law):
     """`decode`'s iterations; `context` grows in place."""
     lenient = {} if params.lenience == 1 else {"lenience": params.lenience}  # lossy, opt-in (see verify.py)
     produced = 0
@@ -81,18 +85,23 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         want = gamma.next_gamma() if isinstance(gamma, AutoGamma) else gamma
         k = min(want, max_new_tokens - produced - 1, target.max_length - len(context) - 1)
         t = time.perf_counter()
-        proposal = drafter.propose(context, k, params, generator) if (drafter and k > 0) else None
+        proposal, forced = None, 0  # forced: grammar-forced tokens leading the proposal
+        if law is not None and k > 0:
+            proposal, forced = law.propose(drafter, context, k, generator)
+        elif drafter is not None and k > 0:
+            proposal = drafter.propose(context, k, params, generator)
         drafts = proposal.ids[:k].tolist() if proposal is not None else []  # k' <= k tokens
         t_verify = time.perf_counter()
         stats.draft_s += t_verify - t
 
         feed = [context[-1], *drafts]
-        if params.greedy and verifier is verify and not lenient:  # same outputs, no [k'+1, V] arrays
+        if params.greedy and verifier is verify and not lenient and (law is None or law.trivial):  # no [k'+1, V] arrays
             emitted = accept_greedy(drafts, argmax_forward(target, feed))
-        elif params.greedy and verifier is verify:  # lenient greedy compares the un-warped target law
+        elif params.greedy and verifier is verify and law is None:  # lenient greedy compares the un-warped target law
             emitted = accept_greedy_lenient(drafts, target.forward(torch.tensor([feed]))[0].softmax(-1), params.lenience)
         else:
-            target_probs = warp(target.forward(torch.tensor([feed]))[0], params)  # [k'+1, V]
+            logits = target.forward(torch.tensor([feed]))[0]  # [k'+1, V]
+            target_probs = warp(logits, params) if law is None else law.probs(logits, drafts)
             draft_probs = proposal.probs[:k] if proposal is not None and proposal.probs is not None else None
             emitted = verifier(drafts, draft_probs, target_probs, generator, **lenient)
         n = len(emitted) - 1  # accepted drafts
@@ -110,7 +119,9 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         eos_at = next((i for i, tok in enumerate(emitted) if stop_on_eos and tok in target.eos_token_ids), None)
         if eos_at is not None:
             emitted = emitted[: eos_at + 1]
-        stats.record(len(drafts), n, len(emitted), drafter.name if drafter is not None else None)
+        if law is not None:
+            law.commit(emitted, min(n, len(emitted)))
+        stats.record(len(drafts), n, len(emitted), drafter.name if drafter is not None else None, forced, min(forced, n))
         context += emitted
         produced += len(emitted)
         stats.decode_s = decode_base + time.perf_counter() - t_start

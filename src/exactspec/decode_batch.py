@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .constraints import TargetLaw
 from .costmodel import AutoGamma
 from .drafters.base import Drafter
 from .errors import ExactSpecError
@@ -66,6 +67,7 @@ class Row:
     max_new_tokens: int
     generator: torch.Generator | None
     stats: Stats = field(default_factory=Stats)
+    law: TargetLaw | None = None  # grammar / penalties / logprobs of this row (constraints.py)
     cancelled: bool = False  # set by the caller: the row leaves when the current iteration ends
     done: bool = False  # EOS, max_new_tokens or the context limit: it leaves when the iteration ends
     context: list[int] = field(init=False)
@@ -152,16 +154,20 @@ class BatchDecoder:
         rows = self.rows
         room = self.target.max_length - max(len(r.context) for r in rows)
         wants: dict[int, int] = {}  # one γ per AutoGamma policy per iteration
-        drafts = [self._draft(row, room, wants) for row in rows]  # per row: (ids [k], probs [k, V] | None)
-        width = max(len(ids) for ids, _ in drafts) + 1
+        drafts = [self._draft(row, room, wants) for row in rows]  # per row: (ids [k], probs [k, V] | None, forced)
+        width = max(len(d[0]) for d in drafts) + 1
         feed = torch.zeros(len(rows), width, dtype=torch.long)  # [A, K+1], zero-padded
-        for j, (row, (ids, _)) in enumerate(zip(rows, drafts)):
+        for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
             feed[j, : len(ids) + 1] = torch.cat([torch.tensor([row.context[-1]]), ids])
-        target_probs = _warp_rows(self.target.forward_rows(feed), [r.params for r in rows])  # [A, K+1, V]
+        logits = self.target.forward_rows(feed)  # [A, K+1, V]
+        target_probs = _warp_rows(logits, [r.params for r in rows])  # [A, K+1, V]
+        for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
+            if row.law is not None and not row.law.trivial:
+                target_probs[j, : len(ids) + 1] = row.law.probs(logits[j, : len(ids) + 1], ids.tolist())
 
         keep_lengths, still = [], []
-        for j, (row, (ids, probs)) in enumerate(zip(rows, drafts)):
-            keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1])
+        for j, (row, (ids, probs, forced)) in enumerate(zip(rows, drafts)):
+            keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1], forced)
             keep_lengths.append(keep)
             yield row, emitted
             if not row.done and not row.cancelled:
@@ -177,7 +183,7 @@ class BatchDecoder:
             self.target.select_rows(torch.tensor(order, dtype=torch.long))
             self.rows = [rows[j] for j in order]
 
-    def _draft(self, row: Row, room: int, wants: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _draft(self, row: Row, room: int, wants: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         if isinstance(row.gamma, AutoGamma):
             if id(row.gamma) not in wants:
                 wants[id(row.gamma)] = row.gamma.next_gamma()
@@ -185,13 +191,17 @@ class BatchDecoder:
         else:
             want = row.gamma
         k = min(want, row.max_new_tokens - row.produced - 1, room - 1)
-        proposal = row.drafter.propose(row.context, k, row.params, row.generator) if row.drafter and k > 0 else None
+        proposal, forced = None, 0
+        if row.law is not None and k > 0:
+            proposal, forced = row.law.propose(row.drafter, row.context, k, row.generator)
+        elif row.drafter is not None and k > 0:
+            proposal = row.drafter.propose(row.context, k, row.params, row.generator)
         if proposal is None or len(proposal) == 0:
-            return torch.zeros(0, dtype=torch.long), None
-        return proposal.ids[:k], None if proposal.probs is None else proposal.probs[:k]
+            return torch.zeros(0, dtype=torch.long), None, 0
+        return proposal.ids[:k], None if proposal.probs is None else proposal.probs[:k], forced
 
     def _verify(self, row: Row, ids: torch.Tensor, probs: torch.Tensor | None,
-                target_probs: torch.Tensor) -> tuple[int, list[int]]:
+                target_probs: torch.Tensor, forced: int = 0) -> tuple[int, list[int]]:
         """Accept a prefix of the row's drafts; returns (cache length to keep, tokens emitted)."""
         k = len(ids)
         emitted = self.verifier(ids.tolist(), probs, target_probs[0, : k + 1], row.generator)
@@ -206,7 +216,10 @@ class BatchDecoder:
         eos_at = next((i for i, t in enumerate(emitted) if t in eos), None)
         if eos_at is not None:
             emitted = emitted[: eos_at + 1]
-        row.stats.record(k, n, len(emitted), row.drafter.name if row.drafter is not None else None)
+        if row.law is not None:
+            row.law.commit(emitted, min(n, len(emitted)))
+        row.stats.record(k, n, len(emitted), row.drafter.name if row.drafter is not None else None, forced,
+                         min(forced, n))
         row.context += emitted
         row.produced += len(emitted)
         row.stats.decode_s = time.perf_counter() - row.started
@@ -246,6 +259,7 @@ def decode_batch(
     cancelled: set[int] | None = None,
     stop_on_eos: bool = True,
     verifier=verify,
+    laws: list[TargetLaw | None] | None = None,
 ) -> Iterator[tuple[int, list[int]]]:
     """Yield (row, tokens) each time a row accepts tokens. A row stops at EOS, max_new_tokens, the
     context limit, or when the caller adds its index to `cancelled`. An AutoGamma policy chooses one
@@ -255,7 +269,8 @@ def decode_batch(
     batch_stats = batch_stats if batch_stats is not None else Stats()
     cancelled = cancelled if cancelled is not None else set()
     decoder = BatchDecoder(target, stop_on_eos, verifier, batch_stats)
-    decoder.start([Row(r, prompts[r], drafters[r], params, gamma, max_new_tokens, generators[r], row_stats[r])
+    laws = laws if laws is not None else [None] * n_rows
+    decoder.start([Row(r, prompts[r], drafters[r], params, gamma, max_new_tokens, generators[r], row_stats[r], laws[r])
                    for r in range(n_rows)])
     t_start = time.perf_counter()
     while decoder.rows:
@@ -270,5 +285,5 @@ def _sum_rows_into(batch_stats: Stats, row_stats: list[Stats]) -> None:
     """Batch counters = sums over rows, except target calls (one batched forward serves all rows)."""
     rows = total(row_stats)
     for name in ("draft_calls", "proposed", "accepted", "rejections", "emitted", "accepted_per_position",
-                 "cached_tokens", "prefill_tokens", "drafts_by"):
+                 "cached_tokens", "prefill_tokens", "drafts_by", "forced", "forced_accepted"):
         setattr(batch_stats, name, getattr(rows, name))

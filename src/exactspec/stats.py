@@ -15,6 +15,8 @@ class Stats:
     accepted: int = 0  # draft tokens accepted
     rejections: int = 0  # iterations that ended on a rejected draft
     emitted: int = 0  # tokens produced (accepted + corrections/bonus)
+    forced: int = 0  # grammar-forced tokens proposed (point-mass drafts, counted in `proposed`)
+    forced_accepted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: times draft i was accepted
     drafts_by: dict[str, int] = field(default_factory=dict)  # target calls with drafts, per drafter that made them
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
@@ -25,10 +27,13 @@ class Stats:
     verify_s: float = 0.0  # time in target forward + verification
     lenience: float = 1.0  # the verifier's lenience (1 = exact; < 1 = lossy, see verify.py); merged: the smallest
 
-    def record(self, proposed: int, accepted: int, emitted: int, drafter: str | None = None) -> None:
+    def record(self, proposed: int, accepted: int, emitted: int, drafter: str | None = None, forced: int = 0,
+               forced_accepted: int = 0) -> None:
         self.target_calls += 1
         if proposed and drafter is not None:
             self.drafts_by[drafter] = self.drafts_by.get(drafter, 0) + 1
+        self.forced += forced
+        self.forced_accepted += forced_accepted
         self.draft_calls += proposed > 0
         self.proposed += proposed
         self.accepted += accepted
@@ -73,7 +78,7 @@ class Stats:
         out.drafts_by = {k: self.drafts_by.get(k, 0) + other.drafts_by.get(k, 0)
                          for k in {**self.drafts_by, **other.drafts_by}}
         for name in ("target_calls", "draft_calls", "proposed", "accepted", "rejections", "emitted",
-                     "cached_tokens", "prefill_tokens"):
+                     "cached_tokens", "prefill_tokens", "forced", "forced_accepted"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("prefill_s", "decode_s", "draft_s", "verify_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))

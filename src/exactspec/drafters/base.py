@@ -32,9 +32,11 @@ class Drafter(Protocol):
     name: str
 
     def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, law=None
     ) -> Proposal:
-        """Up to k tokens to follow `context` (prompt + everything emitted so far)."""
+        """Up to k tokens to follow `context` (prompt + everything emitted so far). A stochastic drafter
+        given `law` (constraints.TargetLaw: grammar mask, penalties) samples from
+        `law.draft_probs(logits, context + drafts so far)` instead of `warp(logits, params)`."""
         ...
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:

@@ -29,7 +29,7 @@ class ModelDrafter:
         self.cached = list(context)
         return logits
 
-    def propose(self, context, k, params, generator) -> Proposal:
+    def propose(self, context, k, params, generator, law=None) -> Proposal:
         if k <= 0:
             return Proposal.empty()
         k = min(k, self.model.max_length - len(context))
@@ -38,7 +38,7 @@ class ModelDrafter:
         logits = self._sync(context)
         ids, probs = [], []
         for i in range(k):
-            q = warp(logits, params)  # [V]
+            q = warp(logits, params) if law is None else law.draft_probs(logits, context + ids)  # [V]
             token = sample(q, generator)
             ids.append(token)
             probs.append(q)

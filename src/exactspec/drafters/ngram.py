@@ -20,7 +20,7 @@ class PromptLookupDrafter:
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, context, k, params, generator) -> Proposal:
+    def propose(self, context, k, params, generator, law=None) -> Proposal:
         if k <= 0:
             return Proposal.empty()
         n_ctx = len(context)
@@ -78,13 +78,14 @@ class NGramDrafter:
             counts[list(row.keys())] = torch.tensor(list(row.values()), dtype=torch.float)
         return ((counts + uni) / (counts.sum() + 1.0)).log()
 
-    def propose(self, context, k, params: SamplingParams, generator) -> Proposal:
+    def propose(self, context, k, params: SamplingParams, generator, law=None) -> Proposal:
         if k <= 0:
             return Proposal.empty()
         self._update(context)
         prev, ids, probs = context[-1], [], []
         for _ in range(k):
-            q = warp(self.logits(prev), params)  # [V]
+            logits = self.logits(prev)
+            q = warp(logits, params) if law is None else law.draft_probs(logits, context + ids)  # [V]
             prev = sample(q, generator)
             ids.append(prev)
             probs.append(q)

@@ -1,0 +1,347 @@
+"""Per-position transforms of the target law: grammar masks, logit bias and penalties, and logprobs.
+
+Everything that reshapes the law sampled at a position lives here; both decode loops (decode.py,
+decode_batch.py) call it the same way. A `TargetLaw` turns the logits at the position that follows
+`prefix` into the law sampled there:
+
+    logits -> + logit_bias -> presence / frequency / repetition penalties(prefix) -> grammar mask(prefix)
+           -> warp (temperature, top-k, top-p, min-p)
+
+Exactness under speculation (Leviathan et al. 2023, with a law that depends on the prefix)
+-------------------------------------------------------------------------------------------
+Write c for the accepted context and d_0..d_{k-1} for the drafts. The law we must reproduce at
+position i is P_i = warp(T(logits_i, c + d_<i)), where T applies bias, penalties and the grammar mask
+computed with the prefix c + d_<i -- the drafts before position i INCLUDED, because that is exactly the
+prefix the position has whenever it is reached (position i is only reached if d_<i were accepted).
+The verifier's argument only needs, at each position, the target law P_i and the law Q_i the draft was
+actually sampled from, both conditioned on the same prefix; it then emits d_i with probability
+min(1, P_i(d_i)/Q_i(d_i)) and on rejection draws from norm(max(0, P_i - Q_i)). Hence:
+
+* the mask is applied to the logits BEFORE the warp (renormalising inside the warp), for the target
+  and for a draft model alike (the draft law Q_i is then the one it sampled from: masking it only
+  raises acceptance, it is not needed for exactness -- using the right Q_i is);
+* the residual is built from the masked P_i, so a token outside the grammar is never emitted;
+* a draft outside the grammar has P_i(d_i) = 0 and is rejected with probability 1. For point-mass
+  drafts (prompt lookup, forced tokens) the residual at that position is P_i minus nothing, i.e. the
+  position is a plain bonus position, so cutting the proposal at its first invalid token changes no
+  law. For a stochastic draft the residual norm(max(0, P_i - Q_i)) differs from P_i, so such drafts are
+  kept whole (positions after an invalid draft are never reached; their laws are placeholders);
+* grammar-forced tokens (the grammar allows exactly one continuation) are drafts with Q = point mass;
+  when the masked law allows only that token, P_i = 1 there and the draft is accepted surely. Another
+  drafter then continues from c + forced with its own Q: any proposal mechanism is exact as long as
+  each draft's Q is the law it was drawn from given everything before it.
+* the matcher advances only along accepted tokens: to score a window it consumes the valid drafts,
+  reads a mask after each, and rolls back; after verification it consumes the emitted tokens (always
+  valid: they were sampled from masked laws). Tokens are validated before they are consumed, since
+  consuming an invalid token leaves an llguidance matcher in a permanent error state.
+
+Penalties follow the usual conventions: `repetition_penalty` (Hugging Face) divides positive / multiplies
+negative logits of every token in prompt + generated text; `presence_penalty` and `frequency_penalty`
+(OpenAI) subtract over the generated tokens only; `logit_bias` adds per token id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .drafters.base import Drafter, Proposal
+from .errors import ExactSpecError
+from .sampling import SamplingParams, warp
+
+# --- grammars ------------------------------------------------------------------------------------
+
+JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: no unbounded whitespace, more forced tokens
+
+
+def _llg():
+    try:
+        import llguidance
+    except ImportError as e:  # pragma: no cover - a dependency of the package
+        raise ExactSpecError("constrained decoding needs llguidance (pip install llguidance)") from e
+    return llguidance
+
+
+def grammar_from_spec(spec) -> str | None:
+    """A constraint spec -> an llguidance grammar (None: unconstrained). Accepts OpenAI's
+    `response_format` ({"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+    "strict"}}), the extensions {"type": "regex", "regex": RE} and {"type": "grammar" | "lark", "grammar":
+    LARK}, a JSON schema dict under {"type": "json_schema", "schema": ...}, or a pydantic model class."""
+    llg = _llg()
+    if spec is None:
+        return None
+    if isinstance(spec, type) and hasattr(spec, "model_json_schema"):  # a pydantic model
+        return json_schema_grammar(spec.model_json_schema(), strict=True)
+    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+        raise ExactSpecError(f"a constraint is a dict with a 'type' (text, json_object, json_schema, regex, grammar), "
+                             f"got {spec!r:.80}")
+    kind = spec["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_schema_grammar({"type": "object"}, strict=False)
+    if kind == "json_schema":
+        inner = spec.get("json_schema", spec)
+        if not isinstance(inner, dict):
+            raise ExactSpecError("json_schema must be an object with 'name' and 'schema'")
+        if "json_schema" in spec and not isinstance(inner.get("name"), str):
+            raise ExactSpecError("json_schema.name is required")
+        schema = inner.get("schema", {})
+        if not isinstance(schema, dict):
+            raise ExactSpecError("json_schema.schema must be a JSON object")
+        return json_schema_grammar(schema, strict=bool(inner.get("strict", False)))
+    if kind == "regex":
+        if not isinstance(spec.get("regex"), str):
+            raise ExactSpecError("a regex constraint needs 'regex': a string")
+        return _checked(llg.LLMatcher.grammar_from_regex(spec["regex"]), "regex", strict=False)
+    if kind in ("grammar", "lark"):
+        text = spec.get("grammar", spec.get("lark"))
+        if not isinstance(text, str):
+            raise ExactSpecError("a grammar constraint needs 'grammar': a Lark grammar as a string")
+        return _checked(llg.LLMatcher.grammar_from_lark(text), "grammar", strict=False)
+    raise ExactSpecError(f"unknown constraint type {kind!r}: choose text, json_object, json_schema, regex or grammar")
+
+
+def json_schema_grammar(schema: dict, strict: bool) -> str:
+    """A JSON schema -> grammar; under `strict` an unsupported keyword or format is an error, otherwise
+    unknown keywords are ignored."""
+    llg = _llg()
+    try:
+        grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_OPTIONS, "lenient": not strict})
+    except (ValueError, TypeError) as e:
+        raise ExactSpecError(f"invalid JSON schema: {e}") from None
+    return _checked(grammar, "JSON schema", strict)
+
+
+def _checked(grammar: str, what: str, strict: bool) -> str:
+    is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error or (strict and messages):
+        raise ExactSpecError(f"invalid {what}: {messages[0].strip() if messages else 'rejected'}")
+    return grammar
+
+
+def llg_tokenizer(tokenizer, vocab_size: int, eos_token_ids: set[int]):
+    """An llguidance tokenizer over a Hugging Face fast tokenizer (~0.5 s: build once per engine)."""
+    import llguidance.hf
+
+    eos = sorted(eos_token_ids) or None
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+
+
+class Matcher:
+    """An llguidance matcher kept at the accepted prefix; reads masks along a draft window and rolls back."""
+
+    def __init__(self, llg_tok, grammar: str, vocab_size: int):
+        self.m = _llg().LLMatcher(llg_tok, grammar, log_level=0)
+        if self.m.is_error():
+            raise ExactSpecError(f"invalid grammar: {self.m.get_error()}")
+        self.vocab_size = vocab_size
+        self.eos = set(llg_tok.eos_tokens)  # once the grammar is stopped, EOS repeats (stop_on_eos=False)
+
+    def mask(self) -> torch.Tensor:
+        """[V] bool: tokens allowed next."""
+        bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        out = np.zeros(self.vocab_size, dtype=bool)
+        n = min(len(bits), self.vocab_size)
+        out[:n] = bits[:n]
+        if not out.any():
+            raise ExactSpecError(f"the grammar allows no token here: {self.m.get_error() or 'dead end'}")
+        return torch.from_numpy(out)
+
+    def masks_along(self, drafts: list[int]) -> tuple[int, list[torch.Tensor]]:
+        """(number of valid leading drafts n, masks after d_<i for i = 0..n); the state is unchanged."""
+        n = self.valid_prefix(drafts)
+        masks, consumed = [self.mask()], 0
+        for i in range(n):
+            consumed += self._consume([drafts[i]])
+            masks.append(self.mask())
+        if consumed:
+            self.m.rollback(consumed)
+        return n, masks
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many leading tokens the grammar allows (EOS repeats once it is complete)."""
+        n = self.m.validate_tokens(tokens) if tokens and not self.m.is_stopped() else 0
+        while n < len(tokens) and tokens[n] in self.eos and (self.m.is_stopped() or (n and tokens[n - 1] in self.eos)):
+            n += 1
+        return n
+
+    def forced(self) -> list[int]:
+        return [] if self.m.is_stopped() else list(self.m.compute_ff_tokens())
+
+    def commit(self, tokens: list[int]) -> None:
+        if self.valid_prefix(tokens) != len(tokens):
+            raise ExactSpecError(f"internal error: emitted tokens {tokens} break the grammar")
+        self._consume(tokens)
+
+    def _consume(self, tokens: list[int]) -> int:
+        """Consume valid tokens (EOS after the end is not consumed); -> how many were consumed."""
+        consumed = 0
+        for t in tokens:
+            if self.m.is_stopped() and t in self.eos:
+                continue
+            if not self.m.consume_token(t):
+                raise ExactSpecError(f"grammar matcher error: {self.m.get_error()}")
+            consumed += 1
+        return consumed
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete and allows nothing but EOS."""
+        return self.m.is_stopped()
+
+
+# --- the law ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """OpenAI / Hugging Face penalty keywords (defaults: off)."""
+
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for token, bias in self.logit_bias.items():
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0 \
+            or self.repetition_penalty != 1
+
+
+class TargetLaw:
+    """The law sampled at each position of one generation: params + grammar + penalties (+ logprobs).
+
+    The decode loop asks `propose` for drafts, `probs` for the target laws of the window, then
+    `commit`s the emitted tokens. `trivial` laws (plain warp) let the loop keep its fast paths."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int], vocab_size: int, matcher: Matcher | None = None,
+                 penalties: Penalties | None = None, top_logprobs: int | None = None):
+        self.params, self.matcher = params, matcher
+        self.penalties = penalties if penalties is not None and penalties.active else None
+        self.vocab_size, self.prompt_len = vocab_size, len(prompt)
+        self.top_logprobs = top_logprobs  # None: no logprobs; k >= 0: the token's and the k best
+        self.logprobs: list[dict] = []  # one per emitted token: {"token", "logprob", "top": [(id, lp)]}
+        self.forced_proposed = self.forced_accepted = 0
+        self._last_forced = 0
+        self._committed = len(prompt)  # tokens before the current window (prompt + emitted)
+        self._raw: torch.Tensor | None = None  # this window's raw logits [k+1, V] (for logprobs)
+        if self.penalties is not None:
+            self._counts = torch.zeros(vocab_size)  # [V] occurrences among generated tokens
+            self._seen = torch.zeros(vocab_size, dtype=torch.bool)  # [V] in prompt or generated
+            self._seen[torch.tensor(prompt, dtype=torch.long)] = True
+            bias = torch.zeros(vocab_size)
+            for token, b in self.penalties.logit_bias.items():
+                if not 0 <= int(token) < vocab_size:
+                    raise ExactSpecError(f"logit_bias names token {token}, outside the vocabulary of {vocab_size}")
+                bias[int(token)] = b
+            self._bias = bias
+
+    @property
+    def trivial(self) -> bool:
+        return self.matcher is None and self.penalties is None and self.top_logprobs is None
+
+    # --- proposing --------------------------------------------------------------------------
+    def propose(self, drafter: Drafter | None, context: list[int], k: int,
+                generator: torch.Generator | None) -> tuple[Proposal | None, int]:
+        """Grammar-forced tokens first (point masses), then `drafter` continues from context + forced;
+        point-mass proposals are cut at their first token outside the grammar. -> (proposal, forced)."""
+        forced = self.matcher.forced()[:k] if self.matcher is not None and k > 0 else []
+        rest = None
+        if drafter is not None and k > len(forced):
+            rest = drafter.propose(context + forced, k - len(forced), self.params, generator, law=self)
+            rest = rest if rest is not None and len(rest) else None
+        if not forced:
+            proposal = rest
+        elif rest is None:
+            proposal = Proposal(torch.tensor(forced, dtype=torch.long), None)
+        else:
+            probs = None
+            if rest.probs is not None:
+                one_hot = torch.nn.functional.one_hot(torch.tensor(forced), rest.probs.shape[-1]).float()
+                probs = torch.cat([one_hot, rest.probs])
+            proposal = Proposal(torch.cat([torch.tensor(forced, dtype=torch.long), rest.ids[: k - len(forced)]]),
+                                probs)
+        if proposal is not None and proposal.probs is None and self.matcher is not None:
+            valid = self.matcher.valid_prefix(proposal.ids.tolist())
+            proposal = Proposal(proposal.ids[:valid], None) if valid else None
+        self.forced_proposed += len(forced)
+        self._last_forced = len(forced)
+        return proposal, len(forced)
+
+    def draft_probs(self, logits: torch.Tensor, prefix: list[int]) -> torch.Tensor:
+        """A draft model's law [V] at the position after `prefix` (context + drafts so far): its logits
+        through the same transform as the target's."""
+        drafts = prefix[self._committed:]
+        return self.probs(logits[None], drafts, offset=len(drafts), record=False)[0]
+
+    # --- scoring ----------------------------------------------------------------------------
+    def probs(self, logits: torch.Tensor, drafts: list[int], offset: int = 0, record: bool = True) -> torch.Tensor:
+        """logits [n, V]; row j is the position after context + drafts[:offset + j] -> laws [n, V]."""
+        n = logits.shape[0]
+        if record:
+            self._raw = logits
+        x = logits.float()
+        if self.penalties is not None:
+            x = self._penalise(x + self._bias, drafts, offset)
+        if self.matcher is not None:
+            _, masks = self.matcher.masks_along(drafts[: offset + n - 1])
+            rows = [masks[min(offset + j, len(masks) - 1)] for j in range(n)]  # past an invalid draft: never reached
+            mask = torch.stack(rows)[:, : x.shape[-1]]
+            if mask.shape[-1] < x.shape[-1]:  # the model's padded vocabulary: never allowed
+                mask = torch.nn.functional.pad(mask, (0, x.shape[-1] - mask.shape[-1]))
+            x = x.masked_fill(~mask, float("-inf"))
+        return warp(x, self.params)
+
+    def _penalise(self, x: torch.Tensor, drafts: list[int], offset: int) -> torch.Tensor:
+        pen = self.penalties
+        counts, seen = self._counts.clone(), self._seen.clone()
+        for t in drafts[:offset]:
+            counts[t] += 1
+            seen[t] = True
+        rows = []
+        for j in range(x.shape[0]):
+            row = x[j]
+            if pen.repetition_penalty != 1:
+                row = torch.where(seen, torch.where(row > 0, row / pen.repetition_penalty, row * pen.repetition_penalty),
+                                  row)
+            rows.append(row - pen.frequency_penalty * counts - pen.presence_penalty * (counts > 0).float())
+            if offset + j < len(drafts):
+                counts[drafts[offset + j]] += 1
+                seen[drafts[offset + j]] = True
+        return torch.stack(rows)
+
+    # --- committing -------------------------------------------------------------------------
+    def commit(self, emitted: list[int], accepted: int) -> None:
+        """Advance past the emitted tokens (emitted[:accepted] are accepted drafts)."""
+        self.forced_accepted += min(accepted, self._last_forced)
+        self._last_forced = 0
+        if self.matcher is not None:
+            self.matcher.commit(emitted)
+        if self.penalties is not None:
+            for t in emitted:
+                self._counts[t] += 1
+                self._seen[t] = True
+        if self.top_logprobs is not None and self._raw is not None:
+            lp = torch.log_softmax(self._raw[: len(emitted)].float(), -1)  # [len(emitted), V]
+            for i, t in enumerate(emitted):
+                top = []
+                if self.top_logprobs:
+                    values, ids = lp[i].topk(self.top_logprobs)
+                    top = list(zip(ids.tolist(), values.tolist()))
+                self.logprobs.append({"token": t, "logprob": float(lp[i, t]), "top": top})
+        self._raw = None
+        self._committed += len(emitted)
