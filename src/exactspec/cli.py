@@ -43,6 +43,43 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
 
 
+def _add_constraint_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("structured output (the grammar masks target and draft laws alike; forced tokens are "
+                             "free drafts)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="FILE", help="output valid JSON for this JSON schema file")
+    g.add_argument("--json-object", action="store_true", help="output one JSON object (any keys)")
+    g.add_argument("--regex", metavar="RE", help="output text matching this regular expression")
+    g.add_argument("--grammar", metavar="FILE.lark", help="output text in this Lark grammar (llguidance dialect)")
+
+
+def constraint_from_args(args: argparse.Namespace) -> dict | None:
+    """The --json-schema / --json-object / --regex / --grammar choice as a constraint spec, checked."""
+    from .constraints import grammar_from_spec
+
+    def read(path: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise ExactSpecError(f"cannot read {path}: {e.strerror}") from None
+
+    spec = None
+    if args.json_schema:
+        try:
+            schema = json.loads(read(args.json_schema))
+        except json.JSONDecodeError as e:
+            raise ExactSpecError(f"{args.json_schema} is not JSON: {e}") from None
+        spec = {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
+    elif args.json_object:
+        spec = {"type": "json_object"}
+    elif args.regex is not None:
+        spec = {"type": "regex", "regex": args.regex}
+    elif args.grammar:
+        spec = {"type": "grammar", "grammar": read(args.grammar)}
+    grammar_from_spec(spec)  # refuse a bad one before the slow model load
+    return spec
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="exactspec",
@@ -60,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", action="store_true",
                      help="also run plain decoding of the same target and report speed-up and identity")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    _add_constraint_args(gen)
     gen.set_defaults(func=cmd_generate)
 
     from .server.cli import add_serve_subcommand
@@ -152,6 +190,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                     lenience=args.lenience)
     SamplingParams(**sampling)  # validate before the slow model load
+    constraint = constraint_from_args(args)
+    if constraint is not None:
+        sampling["grammar"] = constraint
     if args.num_samples < 1:
         raise ExactSpecError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.max_new_tokens < 1:
@@ -164,7 +205,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return engine.generate_batch(prompt, n=args.num_samples, seed=args.seed, gamma=gamma, **common)
 
     if args.compare:  # warm up allocator and kernels so neither side pays first-call costs
-        engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0)
+        engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0, grammar=constraint)
     if not args.json and not args.compare and args.num_samples == 1:
         for piece in engine.stream(prompt, seed=args.seed, **common):
             print(piece, end="", flush=True)
@@ -198,7 +239,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"\n[{stats.emitted} tokens, {stats.tokens_per_s or 0:.1f} tok/s, {stats.target_calls} target calls, "
           f"{stats.tokens_per_target_call or 0:.2f} tokens/call, acceptance "
           f"{'n/a' if rate is None else f'{rate:.2f}'}"
-          f"{'' if stats.exact else f', LOSSY: lenience {stats.lenience:g}'}]", file=sys.stderr)
+          f"{'' if stats.exact else f', LOSSY: lenience {stats.lenience:g}'}"
+          f"{f', {stats.forced} grammar-forced drafts' if constraint is not None else ''}]", file=sys.stderr)
     if args.compare:
         c = out["compare"]
         print(f"[plain decoding: {c['plain_tokens_per_s']:.1f} tok/s; speed-up {c['speedup']:.2f}x; "

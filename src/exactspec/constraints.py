@@ -52,6 +52,10 @@ from .drafters.base import Drafter, Proposal
 from .errors import ExactSpecError
 from .sampling import SamplingParams, warp
 
+# keywords of Engine.make_law (the rest of a request's sampling keywords go to SamplingParams)
+LAW_KEYWORDS = ("response_format", "grammar", "logit_bias", "presence_penalty", "frequency_penalty",
+                "repetition_penalty", "logprobs")
+
 # --- grammars ------------------------------------------------------------------------------------
 
 JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: no unbounded whitespace, more forced tokens

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .constraints import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec, llg_tokenizer
 from .costmodel import AutoGamma, CostModel, measure_drafter, measure_target
 from .decode import decode
 from .decode_batch import decode_batch
@@ -46,6 +47,7 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     stats: Stats = field(default_factory=Stats)
     detokenizer: IncrementalText | None = field(default=None, repr=False, compare=False)  # set by the engine
+    logprobs: list[dict] | None = None  # with logprobs=k: per token {"token", "logprob", "top": [(id, lp)]}
 
 
 class Engine:
@@ -62,6 +64,7 @@ class Engine:
         self._target_observations: list[int] = []
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
         self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
+        self._llg_tok = None  # llguidance's view of the tokenizer, built on the first constrained request
 
     # --- prefix cache ----------------------------------------------------------------------
     def set_prefix_cache(self, budget_mb: float | None) -> None:
@@ -159,9 +162,9 @@ class Engine:
     # --- generation ------------------------------------------------------------------------
     def stream_ids(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int = 256,
                    gamma: int | str | None = None, seed: int | None = None, stats: Stats | None = None,
-                   draft: str | None = None, stop_on_eos: bool = True) -> Iterator[int]:
+                   draft: str | None = None, stop_on_eos: bool = True, law: TargetLaw | None = None) -> Iterator[int]:
         """Token ids as they are accepted (EOS included); `stop_on_eos=False` runs to max_new_tokens (the
-        bench's fixed-length runs)."""
+        bench's fixed-length runs). `law`: see `make_law`."""
         if max_new_tokens <= 0:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         drafter, policy = self.drafting(gamma, draft)
@@ -174,15 +177,49 @@ class Engine:
                 drafter = read_source(drafter, prompt_ids, len(self.target.decoder_prompt), self.target.eos_token_ids)
             prompt_ids = self.target.decoder_prompt
         return decode(self.target, drafter, prompt_ids, params, policy, max_new_tokens, seeded(seed), stats,
-                      stop_on_eos)
+                      stop_on_eos, law=law)
 
     def stream(self, prompt: str | list[dict], max_new_tokens: int = 256, stop: list[str] | None = None,
                seed: int | None = None, gamma: int | None = None, chat_template: bool | None = None,
                draft: str | None = None, result: GenerationResult | None = None, **sampling) -> Iterator[str]:
-        """Yield text pieces as tokens are accepted. `sampling`: temperature, top_k, top_p, min_p.
+        """Yield text pieces as tokens are accepted. `sampling`: temperature, top_k, top_p, min_p, and the
+        law keywords (see `make_law`): response_format, grammar, logit_bias, presence_penalty,
+        frequency_penalty, repetition_penalty, logprobs.
         Pass an empty `result` (see `new_result`) to read token ids, finish reason and stats afterwards."""
         result = result or self.new_result(prompt, chat_template)
-        yield from self._run(result, max_new_tokens, stop, seed, gamma, draft, SamplingParams(**sampling))
+        params, law_options = split_sampling(sampling)
+        law = self.make_law(result, params, **law_options)
+        yield from self._run(result, max_new_tokens, stop, seed, gamma, draft, params, law)
+
+    def make_law(self, result: GenerationResult, params: SamplingParams, response_format=None, grammar=None,
+                 logit_bias: dict | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 repetition_penalty: float = 1.0, logprobs: int | None = None) -> TargetLaw | None:
+        """The per-position law of one generation (constraints.py), or None when it is the plain warp.
+        `response_format`: OpenAI's ({"type": "json_object"}, {"type": "json_schema", "json_schema": {...}})
+        or a pydantic model class; `grammar`: a Lark grammar string, or {"type": "regex", "regex": RE} /
+        {"type": "grammar", "grammar": LARK}; `logprobs`: report each token's log-probability and its k
+        best alternatives (k >= 0) in `result.logprobs`."""
+        if response_format is not None and grammar is not None:
+            raise ExactSpecError("give either response_format or grammar, not both")
+        spec = {"type": "grammar", "grammar": grammar} if isinstance(grammar, str) else grammar or response_format
+        compiled = grammar_from_spec(spec)
+        try:
+            penalties = Penalties({int(k): float(v) for k, v in (logit_bias or {}).items()}, presence_penalty,
+                                  frequency_penalty, repetition_penalty)
+        except (TypeError, ValueError) as e:
+            raise ExactSpecError(str(e)) from None
+        if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
+            raise ExactSpecError(f"logprobs must be an integer in [0, 20], got {logprobs!r}")
+        matcher = None
+        if compiled is not None:
+            if self._llg_tok is None:
+                self._llg_tok = llg_tokenizer(self.tokenizer, self.target.vocab_size, self.target.eos_token_ids)
+            matcher = Matcher(self._llg_tok, compiled, self.target.vocab_size)
+        law = TargetLaw(params, result.prompt_token_ids, self.target.vocab_size, matcher, penalties, logprobs)
+        if law.trivial:
+            return None
+        result.logprobs = law.logprobs if logprobs is not None else None  # filled in place as tokens commit
+        return law
 
     def new_result(self, prompt: str | list[dict], chat_template: bool | None = None) -> GenerationResult:
         return GenerationResult("", [], self.encode(prompt, chat_template), "length", Stats())
@@ -190,9 +227,10 @@ class Engine:
     def generate(self, prompt: str | list[dict], max_new_tokens: int = 256, stop: list[str] | None = None,
                  seed: int | None = None, gamma: int | None = None, chat_template: bool | None = None,
                  draft: str | None = None, **sampling) -> GenerationResult:
-        """Generate one completion; the result carries text, token ids, finish reason and stats."""
+        """Generate one completion; the result carries text, token ids, finish reason and stats.
+        `sampling`: as for `stream` (e.g. response_format={"type": "json_object"}, grammar=LARK)."""
         result = self.new_result(prompt, chat_template)
-        for _ in self._run(result, max_new_tokens, stop, seed, gamma, draft, SamplingParams(**sampling)):
+        for _ in self.stream(prompt, max_new_tokens, stop, seed, gamma, chat_template, draft, result, **sampling):
             pass
         return result
 
@@ -211,26 +249,27 @@ class Engine:
             raise ExactSpecError(f"n must be >= 1, got {n}")
         if max_new_tokens <= 0:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        params = SamplingParams(**sampling)
+        params, law_options = split_sampling(sampling)
         results = [self.new_result(p, chat_template) for p in prompts for _ in range(n)]
+        laws = [self.make_law(r, params, **law_options) for r in results]
         seeds = _row_seeds(seed, len(prompts), n)
         draft = self.draft if draft is None else draft
         if not hasattr(self.target, "forward_rows") or self.uses_draft_model(draft) or params.lenience != 1:
-            return self._sequential(results, max_new_tokens, stop, seeds, gamma, draft, params)
+            return self._sequential(results, max_new_tokens, stop, seeds, gamma, draft, params, laws)
         first, policy = self.drafting(gamma, draft)  # one policy for the batch, one drafter per row
         drafters = [first] + [self.make_drafter(draft) if first else None for _ in results[1:]]
         batch_stats, cancelled = Stats(), set()
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         for row, tokens in decode_batch(self.target, drafters, [r.prompt_token_ids for r in results], params,
                                         policy, max_new_tokens, gens, [r.stats for r in results], batch_stats,
-                                        cancelled):
+                                        cancelled, laws=laws):
             if any(self._add(results[row], token, stop) for token in tokens):
                 cancelled.add(row)
         return results, batch_stats
 
-    def _sequential(self, results, max_new_tokens, stop, seeds, gamma, draft, params):
-        for result, seed in zip(results, seeds):
-            for _ in self._run(result, max_new_tokens, stop, seed, gamma, draft, params):
+    def _sequential(self, results, max_new_tokens, stop, seeds, gamma, draft, params, laws):
+        for result, seed, law in zip(results, seeds, laws):
+            for _ in self._run(result, max_new_tokens, stop, seed, gamma, draft, params, law):
                 pass
         return results, total(r.stats for r in results)
 
@@ -247,9 +286,11 @@ class Engine:
         result.text = detok.text if detok.stop_at < 0 else detok.text[:detok.stop_at]
         return result.finish_reason == "stop"
 
-    def _run(self, result: GenerationResult, max_new_tokens, stop, seed, gamma, draft, params) -> Iterator[str]:
+    def _run(self, result: GenerationResult, max_new_tokens, stop, seed, gamma, draft, params,
+             law: TargetLaw | None = None) -> Iterator[str]:
         """Drive the decode loop, detokenise incrementally, apply stop strings; fills `result`."""
-        tokens = self.stream_ids(result.prompt_token_ids, params, max_new_tokens, gamma, seed, result.stats, draft)
+        tokens = self.stream_ids(result.prompt_token_ids, params, max_new_tokens, gamma, seed, result.stats, draft,
+                                 law=law)
         sent = 0
         for token in tokens:
             done = self._add(result, token, stop)
@@ -288,6 +329,15 @@ def _row_seeds(seed: int | list[int | None] | None, prompts: int, n: int) -> lis
         return [(fresh() if s is None else s) + j for s in seed for j in range(n)]
     base = fresh() if seed is None else seed
     return [base + i for i in range(prompts * n)]
+
+
+def split_sampling(sampling: dict) -> tuple[SamplingParams, dict]:
+    """Keyword arguments -> (the warp's SamplingParams, `Engine.make_law`'s keywords)."""
+    law = {k: sampling.pop(k) for k in LAW_KEYWORDS if k in sampling}
+    try:
+        return SamplingParams(**sampling), law
+    except TypeError as e:
+        raise ExactSpecError(str(e)) from None
 
 
 def seeded(seed: int | None) -> torch.Generator:

@@ -97,13 +97,13 @@ class AutoDrafter:
         self._last: str | None = None
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, law=None) -> Proposal:
         self._last = None
         if k <= 0:
             return Proposal.empty()
         for name in self.bandit.ranking(list(self.arms), self.local, k):
             t = time.perf_counter()
-            proposal = self.arms[name].propose(context, k, params, generator)
+            proposal = self.arms[name].propose(context, k, params, generator, law=law)
             if len(proposal):
                 per_token = (time.perf_counter() - t) / len(proposal)
                 self.local[name].observe_cost(per_token)

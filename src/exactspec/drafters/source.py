@@ -41,7 +41,9 @@ class WithSource:
         return self.inner.name
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, law=None) -> Proposal:
+        # `law` is not passed on: the inner drafter sees another context than the law's prefix. Its
+        # drafts then come from its own unmasked law, which stays exact (q is the law it sampled from).
         return self.inner.propose(self.source + context[self.start:], k, params, generator)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:

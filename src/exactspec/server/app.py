@@ -17,16 +17,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..constraints import Penalties, grammar_from_spec
 from ..engine import Engine, GenerationResult
 from ..errors import ExactSpecError
 from ..sampling import SamplingParams
 from .metrics import Metrics
 from .responses import Shapes, error_body, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .tools import ToolPlan, plan_tools
 from .worker import Job, Worker
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the response was complete
+MAX_BODY_BYTES = 4 * 1024 * 1024  # larger request bodies are refused before they are read
 
 
 class ApiError(Exception):
@@ -38,9 +41,11 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
 
 
-def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16) -> FastAPI:
+def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """An app serving `engine` under `model_name`; it starts its worker thread on startup.
-    `max_rows`: samples decoded together in one batch (1: one at a time)."""
+    `max_rows`: samples decoded together in one batch (1: one at a time); `max_body_bytes`: the
+    largest request body accepted (413 beyond it, before the body is read)."""
     metrics = Metrics()
     metrics.watch_prefix_cache(engine)
     worker = Worker(engine, metrics, max_rows)
@@ -60,6 +65,14 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
             metrics.observe_request(request.url.path, error.status)
         return JSONResponse(error_body(error.message, error.param, error.code, error.type), status_code=error.status)
 
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > max_body_bytes):
+            return refuse(request, ApiError(413, f"the request body is larger than {max_body_bytes} bytes",
+                                            code="request_too_large"))
+        return await call_next(request)
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
         return refuse(request, error)
@@ -73,7 +86,7 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         return refuse(request, ApiError(error.status_code, str(error.detail), code=str(error.status_code)))
 
     def plan(body: GenerationRequest, prompt: str | list[dict], chat_template: bool | None, budget: int | None,
-             prompt_param: str, budget_param: str) -> list[Job]:
+             prompt_param: str, budget_param: str, tools: ToolPlan | None = None) -> list[Job]:
         """Tokenise and check a request; one job per sample."""
         sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                         lenience=body.lenience)
@@ -81,6 +94,7 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
             SamplingParams(**sampling)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
+        sampling.update(law_options(body, tools))
         try:
             ids = engine.new_result(prompt, chat_template).prompt_token_ids
         except Exception as e:  # ExactSpecError, or a chat template refusing the messages (jinja2 errors)
@@ -99,8 +113,34 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         return [Job(GenerationResult("", [], ids, "length"),
                     {**options, "seed": None if body.seed is None else body.seed + i}) for i in range(body.n)]
 
-    async def complete(request: Request, body: GenerationRequest, endpoint: str, jobs: list[Job]) -> Response:
-        shapes, start = Shapes(endpoint == CHAT, model_name), time.perf_counter()
+    def law_options(body: GenerationRequest, tools: ToolPlan | None) -> dict:
+        """The request's grammar, bias, penalties and logprobs as `Engine.make_law` keywords, checked."""
+        constraint = body.response_format
+        if tools is not None:
+            if constraint is not None and constraint.get("type") != "text":
+                raise ApiError(400, "give either response_format or tools, not both", "response_format")
+            constraint = tools.constraint
+        try:
+            grammar_from_spec(constraint)
+        except ExactSpecError as e:
+            raise ApiError(400, str(e), "tools" if tools is not None else "response_format") from None
+        bias = {}
+        for key, value in (body.logit_bias or {}).items():
+            if not key.lstrip("-").isdigit() or not 0 <= int(key) < engine.target.vocab_size:
+                raise ApiError(400, f"logit_bias key {key!r} is not a token id of this model "
+                                    f"(0..{engine.target.vocab_size - 1})", "logit_bias")
+            bias[int(key)] = value
+        try:
+            Penalties(bias, body.presence_penalty, body.frequency_penalty, body.repetition_penalty)
+        except ValueError as e:
+            raise ApiError(400, str(e), "logit_bias") from None
+        return dict(grammar=constraint, logit_bias=bias, presence_penalty=body.presence_penalty,
+                    frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
+                    logprobs=body.logprobs_k())
+
+    async def complete(request: Request, body: GenerationRequest, endpoint: str, jobs: list[Job],
+                       tools: ToolPlan | None = None) -> Response:
+        shapes, start = Shapes(endpoint == CHAT, model_name, token_text, tools), time.perf_counter()
         prompt_tokens = len(jobs[0].result.prompt_token_ids)
         if body.stream:
             return StreamingResponse(stream(shapes, body, endpoint, jobs, start), media_type="text/event-stream")
@@ -130,8 +170,10 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
                 yield sse(shapes.chunk(index, first=True))
             async for index, piece in worker.generate_all(jobs):  # the samples' pieces, interleaved
                 if piece is None:
-                    yield sse(shapes.chunk(index, finish_reason=jobs[index].result.finish_reason))
-                else:
+                    if shapes.tools is not None:  # a tool call is sent whole, once it is complete
+                        yield sse(shapes.tool_chunk(index, jobs[index].result))
+                    yield sse(shapes.chunk(index, finish_reason=shapes.finish_reason(jobs[index].result)))
+                elif shapes.tools is None:
                     yield sse(shapes.chunk(index, piece))
             if body.include_usage:
                 yield sse(shapes.usage_chunk(len(jobs[0].result.prompt_token_ids), [job.result for job in jobs]))
@@ -150,14 +192,27 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; `top_k`, `min_p` and `gamma` are extensions."""
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        jobs = plan(body, body.chat(), None, body.token_budget(), "messages", param)
-        return await complete(request, body, CHAT, jobs)
+        try:
+            tools = plan_tools(body.tools, body.tool_choice)
+        except ExactSpecError as e:
+            raise ApiError(400, str(e), "tool_choice" if body.tools else "tools") from None
+        messages = body.chat()
+        if tools is not None:  # show the model its tools in the system message
+            if messages[0]["role"] == "system":
+                messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + tools.system_prompt}
+            else:
+                messages.insert(0, {"role": "system", "content": tools.system_prompt})
+        jobs = plan(body, messages, None, body.token_budget(), "messages", param, tools)
+        return await complete(request, body, CHAT, jobs, tools)
 
     @app.post(TEXT)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """OpenAI (legacy) text completions: the prompt is fed as raw text, no chat template."""
         jobs = plan(body, body.text(), False, body.token_budget(), "prompt", "max_tokens")
         return await complete(request, body, TEXT, jobs)
+
+    def token_text(token: int) -> str:
+        return engine.tokenizer.decode([token])
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -24,6 +24,10 @@ class Metrics:
             ["position"], registry=r)
         self.drafts_by = Counter("exactspec_drafts_by_drafter", "Target calls that verified drafts, by the drafter "
                                  "that made them (with --draft auto: the one it chose)", ["drafter"], registry=r)
+        self.forced_tokens = Counter("exactspec_forced_tokens",
+                                     "Grammar-forced draft tokens proposed (structured output)", registry=r)
+        self.forced_accepted_tokens = Counter("exactspec_forced_accepted_tokens",
+                                              "Grammar-forced draft tokens accepted", registry=r)
         self.emitted_tokens = Counter("exactspec_emitted_tokens", "Completion tokens generated", registry=r)
         self.cancelled = Counter("exactspec_cancelled_generations",
                                  "Generations stopped early because their client went away", registry=r)
@@ -67,6 +71,8 @@ class Metrics:
         self.drafts.inc(stats.draft_calls)
         self.draft_tokens.inc(stats.proposed)
         self.accepted_tokens.inc(stats.accepted)
+        self.forced_tokens.inc(stats.forced)
+        self.forced_accepted_tokens.inc(stats.forced_accepted)
         for position, count in enumerate(stats.accepted_per_position):
             self.accepted_by_position.labels(position=str(position)).inc(count)
         self.emitted_tokens.inc(tokens)

@@ -32,6 +32,7 @@ def speculative(stats: Stats) -> dict:
         "drafts_by": stats.drafts_by,  # target calls with drafts per drafter (--draft auto's choices)
         "lenience": stats.lenience,  # 1 = exact; < 1 = lossy (the output law is not the target's)
         "exact": stats.exact,
+        "forced": stats.forced,
     }
 
 
@@ -52,8 +53,10 @@ def merged_stats(results: list[GenerationResult]) -> Stats:
 class Shapes:
     """Builds the bodies of one response (one id and timestamp), chat or text flavoured."""
 
-    def __init__(self, chat: bool, model: str) -> None:
+    def __init__(self, chat: bool, model: str, token_text=None, tools=None) -> None:
         self.chat, self.model = chat, model
+        self.token_text = token_text  # token id -> its text (for logprobs)
+        self.tools = tools  # server.tools.ToolPlan: the output is read as tool calls
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -65,14 +68,51 @@ class Shapes:
         """The whole (non-streaming) response."""
         choices = []
         for index, r in enumerate(results):
-            choice = {"index": index, "logprobs": None, "finish_reason": r.finish_reason}
+            choice = {"index": index, "logprobs": self.logprobs(r), "finish_reason": self.finish_reason(r)}
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": r.text}
+                content, calls = self.read(r)
+                choice["message"] = {"role": "assistant", "content": content}
+                if calls:
+                    choice["message"]["tool_calls"] = calls
             else:
                 choice["text"] = r.text
             choices.append(choice)
         return self._envelope("chat.completion" if self.chat else "text_completion", choices,
                               usage=usage(prompt_tokens, results), speculative=speculative(merged_stats(results)))
+
+    def read(self, r: GenerationResult) -> tuple[str | None, list[dict] | None]:
+        """(content, tool_calls) of a chat result."""
+        if self.tools is None:
+            return r.text, None
+        return self.tools.read(r.text, r.finish_reason == "stop")
+
+    def finish_reason(self, r: GenerationResult) -> str:
+        return "tool_calls" if self.tools is not None and self.read(r)[1] else r.finish_reason
+
+    def tool_chunk(self, index: int, r: GenerationResult) -> dict:
+        """The delta that carries a tool request's whole output: its tool calls, or its text."""
+        content, calls = self.read(r)
+        delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else {"content": content}
+        choice = {"index": index, "logprobs": None, "finish_reason": None, "delta": delta}
+        return self._envelope("chat.completion.chunk", [choice])
+
+    def logprobs(self, r: GenerationResult) -> dict | None:
+        """OpenAI's logprobs object (chat: `content` entries; completions: parallel lists) or None.
+        Log-probabilities are the target's raw law (log-softmax of its logits, before any warp or mask)."""
+        if r.logprobs is None or self.token_text is None:
+            return None
+        entries = r.logprobs[: len(r.token_ids)]
+        text = self.token_text
+        if self.chat:
+            def item(token, lp):
+                t = text(token)
+                return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+            return {"content": [{**item(e["token"], e["logprob"]), "top_logprobs": [item(t, lp) for t, lp in e["top"]]}
+                                for e in entries], "refusal": None}
+        tokens = [text(e["token"]) for e in entries]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{text(t): lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
 
     def chunk(self, index: int, text: str = "", finish_reason: str | None = None, first: bool = False) -> dict:
         """A stream chunk for choice `index`: the first one of a chat choice also carries the role."""

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible endpoints.
 
 Types are strict (a string where a number belongs is an error, not coerced), while unknown fields
-(`user`, `presence_penalty`, `logprobs`, ...) are accepted and ignored, as OpenAI clients send them.
+(`user`, `parallel_tool_calls`, ...) are accepted and ignored, as OpenAI clients send them.
 Limits that depend on the loaded model (the context size) are checked by the app, not here.
 """
 
@@ -27,8 +27,11 @@ class TextPart(_Strict):
     text: str
 
 
+ROLES = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
 class ChatMessage(_Strict):
-    role: str
+    role: ROLES
     content: str | list[TextPart] | None = None
 
     def text(self) -> str:
@@ -55,6 +58,12 @@ class GenerationRequest(_Strict):
     min_p: float = Field(0.0, ge=0, le=1)
     gamma: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
     lenience: float = Field(1.0, gt=0, le=1)  # 1 = exact; < 1 accepts more drafts and is LOSSY
+    # the law (constraints.py): grammar, bias and penalties, applied to target and drafts alike
+    response_format: dict | None = None  # OpenAI's, plus {"type": "regex", "regex"} / {"type": "grammar", "grammar"}
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0)
 
     def stop_list(self) -> list[str]:
         """`stop` as a list (OpenAI accepts one string or several)."""
@@ -68,6 +77,14 @@ class GenerationRequest(_Strict):
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, gt=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+
+    def logprobs_k(self) -> int | None:
+        """Alternatives per token to report (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def token_budget(self) -> int | None:
         """`max_completion_tokens` (OpenAI's newer name) or `max_tokens`; None means the rest of the context."""
@@ -80,6 +97,10 @@ class ChatCompletionRequest(GenerationRequest):
 
 class CompletionRequest(GenerationRequest):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    logprobs: int | None = Field(None, ge=0, le=5)
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
 
     def token_budget(self) -> int:
         """`max_tokens`, with OpenAI's default of 16 for text completions."""

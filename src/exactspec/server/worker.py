@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from prometheus_client import Histogram
 
 from ..decode_batch import BatchDecoder, Row
-from ..engine import Engine, GenerationResult, seeded
+from ..engine import Engine, GenerationResult, seeded, split_sampling
 from ..errors import ExactSpecError
-from ..sampling import SamplingParams
 from .metrics import Metrics
 
 Emit = Callable[[tuple[str, object]], None]
@@ -237,11 +236,12 @@ class Worker:
         max_new_tokens = options.get("max_new_tokens", 256)
         if max_new_tokens <= 0:
             raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        params = SamplingParams(**{k: v for k, v in options.items() if k not in NOT_SAMPLING})
+        params, law_options = split_sampling({k: v for k, v in options.items() if k not in NOT_SAMPLING})
+        law = engine.make_law(result, params, **law_options)
         with decoder.lend():  # "auto"'s first measurement of the target's speed resets its cache
             drafter, gamma = engine.drafting(options.get("gamma"), options.get("draft"))
         return Row(slot, result.prompt_token_ids, drafter, params, gamma, max_new_tokens,
-                   seeded(options.get("seed")), result.stats)
+                   seeded(options.get("seed")), result.stats, law)
 
     def _deliver(self, row: Row, tokens: list[int]) -> None:
         """Send a row's new text; end its job when it is done, stopped, cancelled or failing."""
