@@ -73,3 +73,25 @@ def test_json_compare_contract():
     for key in ("target_calls", "draft_calls", "proposed", "accepted", "accepted_per_position",
                 "acceptance_rate", "tokens_per_target_call", "wall_s", "tokens_per_s"):
         assert key in out["stats"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--regex", "(ab"], "invalid regex"),
+    (["--json-schema", "/no/such/schema.json"], "cannot read"),
+    (["--grammar", "/no/such/g.lark"], "cannot read"),
+])
+def test_bad_constraint_is_one_line(args, words):
+    assert_one_line_error(exactspec("generate", "hi", *args), words)
+
+
+def test_json_schema_constrains_output(tmp_path):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                                                   "age": {"type": "integer"}},
+                                  "required": ["name", "age"], "additionalProperties": False}))
+    proc = exactspec("generate", "Alice is 30. Return her as JSON.", "--json-schema", str(schema),
+                     "--max-new-tokens", "40", "--json", "--compare")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["compare"]["identical"] is True and out["stats"]["forced"] > 0
+    assert set(json.loads(out["samples"][0]["text"])) == {"name", "age"}

@@ -123,8 +123,14 @@ def json_schema_grammar(schema: dict, strict: bool) -> str:
 def _checked(grammar: str, what: str, strict: bool) -> str:
     is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error or (strict and messages):
-        raise ExactSpecError(f"invalid {what}: {messages[0].strip() if messages else 'rejected'}")
+        raise ExactSpecError(f"invalid {what}: {_one_line(messages[0]) if messages else 'rejected'}")
     return grammar
+
+
+def _one_line(message: str) -> str:
+    """llguidance's multi-line diagnostics (source excerpt, carets) -> their first line and 'error:' lines."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    return "; ".join([lines[0], *(line for line in lines[1:] if line.startswith("error:"))])
 
 
 def llg_tokenizer(tokenizer, vocab_size: int, eos_token_ids: set[int]):
