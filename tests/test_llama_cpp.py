@@ -298,3 +298,18 @@ def test_negative_control_always_accept_is_detected(tiny_pair):
     law = backend_law(target, params)
     counts = sample_counts(target, lambda: ModelDrafter(draft), params, 2, verifier=always_accept)
     assert chi_square_p(counts, law) < 1e-6
+
+
+def test_constrained_greedy_identity(engine):
+    """A JSON schema on the llama.cpp backend: forced-only and forced + prompt lookup == constrained plain,
+    the output parses, and forced tokens were proposed."""
+    import json
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    runs = [engine.generate("Alice is 30. Return her as JSON.", max_new_tokens=40, temperature=0, gamma=g, draft=d,
+                            response_format=fmt) for g, d in [(0, "none"), (4, "none"), (4, "prompt-lookup")]]
+    assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
+    assert runs[0].finish_reason == "stop" and set(json.loads(runs[0].text)) == {"name", "age"}
+    assert runs[1].stats.forced > 0
