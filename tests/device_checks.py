@@ -43,18 +43,20 @@ def tiny_llama(seed: int, device: str, vocab: int = VOCAB, sharpness: float = 8.
 
 
 def check_forward_matches_transformers(device: str) -> None:
-    """Prefill, k-token forwards and rollbacks: the lean forward's logits equal transformers'."""
+    """Prefill, k-token forwards and rollbacks: the lean forward's logits equal transformers', in
+    batch-invariant mode (the CPU default) and without it (the CUDA default)."""
     module = tiny_llama(3, device, vocab=16)
-    hf, fast = HFCausalLM(module, set()), FastLlamaLM(module, set(), capacity=8)
     ids = torch.randint(0, 16, (1, 40), generator=torch.Generator().manual_seed(0))
-    for lm in (hf, fast):
-        lm.prefill(ids[:, :10])
-    for start, k, keep in [(10, 4, 12), (12, 6, 15), (15, 1, 16), (16, 9, 25)]:
-        a, b = hf.forward(ids[:, start : start + k]), fast.forward(ids[:, start : start + k])
-        assert a.device.type == b.device.type == torch.device(device).type
-        assert torch.allclose(a, b, atol=1e-4), f"max diff {(a - b).abs().max():.2e}"
-        hf.truncate(keep)
-        fast.truncate(keep)
+    for invariant in (True, False):
+        hf, fast = HFCausalLM(module, set()), FastLlamaLM(module, set(), capacity=8, batch_invariant=invariant)
+        for lm in (hf, fast):
+            lm.prefill(ids[:, :10])
+        for start, k, keep in [(10, 4, 12), (12, 6, 15), (15, 1, 16), (16, 9, 25)]:
+            a, b = hf.forward(ids[:, start : start + k]), fast.forward(ids[:, start : start + k])
+            assert a.device.type == b.device.type == torch.device(device).type
+            assert torch.allclose(a, b, atol=1e-4), f"invariant={invariant}: max diff {(a - b).abs().max():.2e}"
+            hf.truncate(keep)
+            fast.truncate(keep)
 
 
 def verifier_cases(n: int = 64, vocab: int = 12, seed: int = 0):

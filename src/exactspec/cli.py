@@ -255,7 +255,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     agent_rows = _bench_agent(engine, args, drafters, gammas, temperatures, prompts, reps) if agent else []
     rows += agent_rows
     cost = engine.cost_model("none")
-    report = {"rows": rows, "cost_model": {
+    report = {"hardware": engine.hardware, "rows": rows, "cost_model": {
         "target_s": cost.target_s, "target_ratios": cost.ratios(),
         "draft_s_per_token": {d: engine.cost_model(d).draft_s_per_token for d in drafters}}}
     if args.plot:
@@ -270,7 +270,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
             print("\nagent workload, per step (prefill of the history + the answer):")
             print(agent_table(agent_rows))
-        print("\nT(k)/T(1): " + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(cost.ratios())))
+        print(f"\n{engine.hardware}")
+        print("T(k)/T(1): " + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(cost.ratios())))
     return 0
 
 

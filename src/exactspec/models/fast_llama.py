@@ -255,9 +255,11 @@ class FastLlamaLM:
         positions = (self.lengths[:, None] + torch.arange(k)).to(self.device)  # [B, k]
         cos, sin = self._rope(positions)
         rows = torch.arange(B, device=self.device)[:, None]  # [B, 1]
-        # query i of a row sees its row's positions <= its own; queries are folded into heads: [B, H·k, 1, end]
-        mask = (torch.arange(end, device=self.device) <= positions[..., None])[:, None].expand(B, H, k, end)
-        mask = mask.reshape(B, H * k, 1, end)
+        mask = (torch.arange(end, device=self.device) <= positions[..., None])[:, None]  # [B, 1, k, end]
+        if self.batch_invariant:  # each query its own one-row attention: queries folded into heads
+            mask = mask.expand(B, H, k, end).reshape(B, H * k, 1, end)
+        elif B == 1 and k == 1:
+            mask = None  # the single query sees the whole (exactly sized) cache
         x = F.embedding(new_ids, self.embed)  # [B, k, D]
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.norm1)
@@ -267,8 +269,9 @@ class FastLlamaLM:
             self.k_cache[i][rows, :, positions] = kk.transpose(1, 2)  # index -> [B, k, Hkv, d]
             self.v_cache[i][rows, :, positions] = v.view(B, k, Hkv, d)
             keys, values = self.k_cache[i, :B, :, :end], self.v_cache[i, :B, :, :end]  # [B, Hkv, end, d]
-            attn = F.scaled_dot_product_attention(q.reshape(B, H * k, 1, d), keys, values, attn_mask=mask,
-                                                  enable_gqa=H != Hkv)  # [B, H·k, 1, d], head h·k+i -> kv h·Hkv/H
+            if self.batch_invariant:  # [B, H·k, 1, d]: head h·k+i reads kv head h·Hkv/H, as head h does
+                q = q.reshape(B, H * k, 1, d)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=H != Hkv)
             x = x + self._linear(attn.view(B, H, k, d).transpose(1, 2).reshape(B, k, H * d), layer.wo)
             gate, up = self._linear(self._rms(x, layer.norm2), layer.w_gate_up).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, layer.w_down)
