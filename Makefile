@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: setup run test clean llamacpp
+.PHONY: setup run test clean llamacpp gpu-check
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test: setup
 # 26 minutes on 2 cores; pip's wheel cache makes later installs (new venvs included) take seconds.
 llamacpp: setup
 	$(PY) -m pip install -e '.[llamacpp]'
+
+# On a machine with a CUDA GPU and its own PyTorch + transformers (no venv, nothing downloaded): the
+# exactness checks on CUDA, then T(k)/T(1) and plain tokens/s of random bf16 1B/3B/8B Llamas; report in $$OUT.
+gpu-check:
+	python3 -m pip install -q --no-deps -e . && python3 scripts/gpu-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

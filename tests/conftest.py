@@ -49,4 +49,4 @@ def embedded():
     """The embedded SmolLM2-135M-Instruct engine (fp32), loaded once for the whole session."""
     import exactspec
 
-    return exactspec.load(draft="prompt-lookup", gamma=4)
+    return exactspec.load(draft="prompt-lookup", gamma=4, dtype="float32", device="cpu")

@@ -475,10 +475,10 @@ def test_failures_in_the_batch_stay_with_their_jobs(server, monkeypatch):
 
     real = target.forward_rows
 
-    def fails_with_two_rows(ids):
+    def fails_with_two_rows(ids, **kwargs):
         if ids.shape[0] > 1:
             raise RuntimeError("injected forward failure")
-        return real(ids)
+        return real(ids, **kwargs)
 
     monkeypatch.setattr(target, "forward_rows", fails_with_two_rows)
     failed = asyncio.run(outcome([job(), job()]))  # a request's two samples: one batch of two rows

@@ -24,7 +24,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     _add_backend_arg(p)
 
 
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where the torch backend runs: auto (default) = a CUDA GPU when one is visible, else the CPU")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and activations: auto (default) = bfloat16 on a GPU or on a CPU with native bf16 "
+                        "(avx512_bf16 / amx_bf16), else float32")
+
+
 def _add_backend_arg(p: argparse.ArgumentParser) -> None:
+    _add_device_args(p)
     p.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch",
                    help="run the target with PyTorch (default) or llama.cpp (GGUF only; install with: make llamacpp)")
 
@@ -179,7 +188,8 @@ def load_engine(args: argparse.Namespace, **kwargs):
 
     quiet = contextlib.redirect_stderr(io.StringIO()) if not sys.stderr.isatty() else contextlib.nullcontext()
     with quiet:  # transformers' GGUF loader draws its tqdm bar unconditionally
-        return load(args.target, args.draft, args.gamma, threads=args.threads, backend=args.backend, **kwargs)
+        return load(args.target, args.draft, args.gamma, threads=args.threads, backend=args.backend,
+                    device=args.device, dtype=args.dtype, **kwargs)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -287,7 +297,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     agent_rows = _bench_agent(engine, args, drafters, gammas, temperatures, prompts, reps) if agent else []
     rows += agent_rows
     cost = engine.cost_model("none")
-    report = {"rows": rows, "cost_model": {
+    report = {"hardware": engine.hardware, "rows": rows, "cost_model": {
         "target_s": cost.target_s, "target_ratios": cost.ratios(),
         "draft_s_per_token": {d: engine.cost_model(d).draft_s_per_token for d in drafters}}}
     if args.plot:
@@ -302,7 +312,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
             print("\nagent workload, per step (prefill of the history + the answer):")
             print(agent_table(agent_rows))
-        print("\nT(k)/T(1): " + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(cost.ratios())))
+        print(f"\n{engine.hardware}")
+        print("T(k)/T(1): " + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(cost.ratios())))
     return 0
 
 
@@ -358,10 +369,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     table = [{"gamma": g, "target_ratio": cost.ratios()[g], "predicted_speedup": cost.predicted_speedup(alpha, g)}
              for g in range(cost.max_gamma + 1)]
     report = {"alpha": alpha, "c": cost.draft_s_per_token / cost.target_s[0], "t1_s": cost.target_s[0],
-              "per_gamma": table, "recommended_gamma": best, "draft": engine.draft, "workload": args.workload}
+              "per_gamma": table, "recommended_gamma": best, "draft": engine.draft, "workload": args.workload,
+              "hardware": engine.hardware}
     if args.json:
         print(json.dumps(report))
         return 0
+    print(engine.hardware)
     print(f"drafter {engine.draft} on '{args.workload}' at T={args.temperature:g}: alpha = {alpha:.3f}, "
           f"c = {report['c']:.4f}, T(1) = {1000 * cost.target_s[0]:.1f} ms")
     print("gamma  T(gamma+1)/T(1)  predicted speed-up")

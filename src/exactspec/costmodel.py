@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .device import device_of, synchronize
 from .models.base import CausalLM
 from .theory import expected_tokens
 
@@ -98,6 +99,7 @@ def measure_target(model: CausalLM, max_k: int = 9, context: int = 100, reps: in
             ids = torch.randint(0, model.vocab_size, (1, k), generator=gen)
             t = time.perf_counter()
             model.forward(ids)
+            synchronize(device_of(model))
             if rep:  # the first round warms up
                 times[k - 1].append(time.perf_counter() - t)
             model.truncate(context)

@@ -15,6 +15,7 @@ import torch
 
 from .costmodel import AutoGamma
 from .constraints import TargetLaw
+from .device import device_of
 from .drafters.base import Drafter
 from .errors import ExactSpecError
 from .models.base import CausalLM
@@ -22,6 +23,7 @@ from .models.prefix_cache import prefill_prompt, remember
 from .sampling import SamplingParams, warp
 from .stats import Stats
 from .verify import accept_greedy, accept_greedy_lenient, verify
+from .verify_torch import verify_on_device
 
 # (draft ids [γ], draft probs [γ, V] | None, target probs [γ+1, V], generator[, lenience=L]) -> emitted tokens
 Verifier = Callable[..., list[int]]
@@ -32,7 +34,8 @@ def argmax_forward(target: CausalLM, new_ids: list[int]) -> list[int]:
     `forward_argmax` where it has one (llama.cpp reads its logits in place)."""
     if hasattr(target, "forward_argmax"):
         return target.forward_argmax(new_ids)
-    return target.forward(torch.tensor([new_ids]))[0].numpy().argmax(-1).tolist()
+    logits = target.forward(torch.tensor([new_ids]))[0]  # [k, V]
+    return logits.argmax(-1).tolist() if logits.device.type != "cpu" else logits.numpy().argmax(-1).tolist()
 
 
 def decode(
@@ -59,6 +62,8 @@ def decode(
         raise ExactSpecError(f"prompt of {len(prompt_ids)} tokens does not fit the {target.max_length}-token context")
     stats = stats if stats is not None else Stats()
     stats.lenience = min(stats.lenience, params.lenience)
+    if verifier is verify and device_of(target).type != "cpu" and params.lenience == 1:
+        verifier = verify_on_device  # same rule, same uniforms; the laws stay on the device
     t0 = time.perf_counter()
     reused = prefill_prompt(target, prompt_ids[:-1])  # through the adapter's prefix cache, if any
     stats.cached_tokens += reused
@@ -95,14 +100,18 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         stats.draft_s += t_verify - t
 
         feed = [context[-1], *drafts]
-        if params.greedy and verifier is verify and not lenient and (law is None or law.trivial):  # no [k'+1, V] arrays
+        trivial = law is None or law.trivial
+        if params.greedy and verifier in (verify, verify_on_device) and not lenient and trivial:  # no [k'+1, V] arrays
             emitted = accept_greedy(drafts, argmax_forward(target, feed))
         elif params.greedy and verifier is verify and law is None:  # lenient greedy compares the un-warped target law
-            emitted = accept_greedy_lenient(drafts, target.forward(torch.tensor([feed]))[0].softmax(-1), params.lenience)
+            emitted = accept_greedy_lenient(drafts, target.forward(torch.tensor([feed]))[0].softmax(-1).cpu(),
+                                            params.lenience)
         else:
             logits = target.forward(torch.tensor([feed]))[0]  # [k'+1, V]
             target_probs = warp(logits, params) if law is None else law.probs(logits, drafts)
             draft_probs = proposal.probs[:k] if proposal is not None and proposal.probs is not None else None
+            if verifier is verify:  # the NumPy verifier reads host memory (no copy on the CPU)
+                target_probs, draft_probs = target_probs.cpu(), None if draft_probs is None else draft_probs.cpu()
             emitted = verifier(drafts, draft_probs, target_probs, generator, **lenient)
         n = len(emitted) - 1  # accepted drafts
         target.truncate(len(context) + n)

@@ -21,12 +21,14 @@ import torch
 
 from .constraints import TargetLaw
 from .costmodel import AutoGamma
+from .device import device_of
 from .drafters.base import Drafter
 from .errors import ExactSpecError
 from .models.prefix_cache import cache_of, remember
 from .sampling import SamplingParams, warp
 from .stats import Stats, total
 from .verify import verify
+from .verify_torch import verify_rows
 
 
 def _prefill(target, prompts: list[list[int]]) -> None:
@@ -164,10 +166,13 @@ class BatchDecoder:
         for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
             if row.law is not None and not row.law.trivial:
                 target_probs[j, : len(ids) + 1] = row.law.probs(logits[j, : len(ids) + 1], ids.tolist())
+        on_device = self.verifier is verify and device_of(self.target).type != "cpu"
+        verified = _verify_on_device(rows, drafts, target_probs) if on_device else None
 
         keep_lengths, still = [], []
         for j, (row, (ids, probs, forced)) in enumerate(zip(rows, drafts)):
-            keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1], forced)
+            keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1], forced,
+                                         None if verified is None else verified[j])
             keep_lengths.append(keep)
             yield row, emitted
             if not row.done and not row.cancelled:
@@ -200,11 +205,13 @@ class BatchDecoder:
             return torch.zeros(0, dtype=torch.long), None, 0
         return proposal.ids[:k], None if proposal.probs is None else proposal.probs[:k], forced
 
-    def _verify(self, row: Row, ids: torch.Tensor, probs: torch.Tensor | None,
-                target_probs: torch.Tensor, forced: int = 0) -> tuple[int, list[int]]:
-        """Accept a prefix of the row's drafts; returns (cache length to keep, tokens emitted)."""
+    def _verify(self, row: Row, ids: torch.Tensor, probs: torch.Tensor | None, target_probs: torch.Tensor,
+                forced: int = 0, emitted: list[int] | None = None) -> tuple[int, list[int]]:
+        """Accept a prefix of the row's drafts (or take `emitted`, verified on the device already);
+        returns (cache length to keep, tokens emitted)."""
         k = len(ids)
-        emitted = self.verifier(ids.tolist(), probs, target_probs[0, : k + 1], row.generator)
+        if emitted is None:
+            emitted = self.verifier(ids.tolist(), probs, target_probs[0, : k + 1], row.generator)
         n = len(emitted) - 1
         if row.drafter is not None and k:
             row.drafter.observe(k, n)
@@ -232,11 +239,34 @@ def _warp_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tens
     """logits [A, K+1, V] -> probs [A, K+1, V], each row warped with its own parameters."""
     if all(p == params[0] for p in params):
         return warp(logits, params[0])
-    probs = torch.empty(logits.shape, dtype=torch.float32)
+    probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     for p in dict.fromkeys(params):  # rows sharing parameters are warped together
-        rows = torch.tensor([j for j, q in enumerate(params) if q == p])
+        rows = torch.tensor([j for j, q in enumerate(params) if q == p], device=logits.device)
         probs[rows] = warp(logits[rows], p)
     return probs
+
+
+def _verify_on_device(rows: list[Row], drafts, target_probs: torch.Tensor) -> list[list[int]]:
+    """Every row's emitted tokens from ONE batched tensor verification (verify_torch.verify_rows) on
+    the laws' device; each row draws its γ+1 uniforms from its own generator exactly as the per-row
+    verifier does, so outputs do not change. Only the ids come back to the host."""
+    A, width = target_probs.shape[:2]
+    draft_ids = torch.zeros(A, width - 1, dtype=torch.long)
+    uniforms = torch.zeros(A, width)
+    gammas = torch.tensor([len(d[0]) for d in drafts], dtype=torch.long)
+    with_probs = any(d[1] is not None for d in drafts)
+    draft_probs = torch.zeros(target_probs.shape[0], width - 1, target_probs.shape[-1], device=target_probs.device) \
+        if with_probs else None
+    for j, (row, (ids, probs, _)) in enumerate(zip(rows, drafts)):
+        k = len(ids)
+        draft_ids[j, :k] = ids
+        uniforms[j, : k + 1] = torch.rand(k + 1, generator=row.generator)
+        if draft_probs is not None:  # rows with point-mass proposals get one-hot laws
+            draft_probs[j, :k] = probs.to(target_probs.device) if probs is not None else \
+                torch.nn.functional.one_hot(ids.to(target_probs.device), target_probs.shape[-1]).float()
+    accepted, nxt = verify_rows(draft_ids, gammas, draft_probs, target_probs, uniforms)
+    accepted, nxt = torch.stack([accepted, nxt]).tolist()
+    return [drafts[j][0][: accepted[j]].tolist() + [nxt[j]] for j in range(A)]
 
 
 def _compact(still: list[int]) -> list[int]:

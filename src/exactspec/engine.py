@@ -21,6 +21,7 @@ from .decode import decode
 from .decode_batch import decode_batch
 from .detokenize import IncrementalText
 from .drafters.auto import AutoDrafter, DraftBandit
+from .device import describe, resolve_device, resolve_dtype
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
@@ -63,6 +64,7 @@ class Engine:
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
+        self.hardware = "device cpu"  # `load` names device, dtype and the CPU flags behind the choice
         self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
         self._llg_tok = None  # llguidance's view of the tokenizer, built on the first constrained request
 
@@ -366,27 +368,32 @@ def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast
 
 
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4, chat_template: bool = True,
-         dtype: torch.dtype = torch.float32, threads: int | None = None, fast: bool = True,
-         backend: str = "torch", prefix_cache_mb: float = 0) -> Engine:
+         dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True,
+         backend: str = "torch", prefix_cache_mb: float = 0, device: str = "auto") -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "bigram", "unigram", "none", or a path to a draft model. An
     encoder-decoder directory (T5, BART: `is_encoder_decoder` in config.json) loads through
     AutoModelForSeq2SeqLM; its draft model must be one too, with the same vocabulary.
     `gamma` is drafts per target call, or "auto" (chosen each iteration from measured costs).
     `backend`: "torch" (default) or "llama.cpp" (GGUF files only; needs the llamacpp extra).
-    `prefix_cache_mb`: keep the KV of recent sequences across requests in this many MiB (0 = off)."""
-    engine = _load(target, draft, gamma, chat_template, dtype, threads, fast, backend)
+    `prefix_cache_mb`: keep the KV of recent sequences across requests in this many MiB (0 = off).
+    `device`: "auto" (a CUDA GPU when visible, else the CPU), "cpu", "cuda" or "cuda:N"; `dtype`: "auto"
+    (bf16 on a GPU or on a CPU with native bf16, else fp32; see device.py) or a dtype / its name.
+    The choice is on `engine.hardware`."""
+    engine = _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, device)
     engine.set_prefix_cache(prefix_cache_mb)
     return engine
 
 
-def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend) -> Engine:
+def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, device) -> Engine:
     gamma = check_gamma(gamma)
     if threads:
         torch.set_num_threads(threads)
     if backend not in ("torch", "llama.cpp"):
         raise ExactSpecError(f"unknown backend {backend!r}: choose torch or llama.cpp")
     if backend == "llama.cpp":
+        if str(device) not in ("auto", "cpu"):
+            raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
         from .bench.llamacpp import llamacpp_engine  # lazy: bench.llamacpp imports this module
 
         return llamacpp_engine(target, draft, gamma, chat_template, threads=threads)
@@ -398,15 +405,28 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend) ->
         kind = lambda enc: "an encoder-decoder (T5/BART-like)" if enc else "a decoder-only"  # noqa: E731
         raise ExactSpecError(f"draft {draft} is {kind(not seq2seq)} model but the target is {kind(seq2seq)} one: "
                              "use a draft of the same kind")
-    load_module = load_seq2seq_model if seq2seq else load_hf_model
+    where = resolve_device("cpu" if seq2seq and device == "auto" else device)  # before the slow load
+    if seq2seq and where.type != "cpu":
+        raise ExactSpecError(f"--device {device}: encoder-decoder targets run on the CPU only")
+    wanted = resolve_dtype(dtype, where)
+    # CPU "auto" picks bf16 for the batch-invariant lean forward only: other adapters stay fp32
+    dtype = torch.float32 if dtype in (None, "auto") and where.type == "cpu" else wanted
+
+    def load_module(model_path: str) -> torch.nn.Module:
+        module = load_seq2seq_model(model_path, dtype) if seq2seq else load_hf_model(model_path, dtype, where)
+        return module.to(wanted) if fast and not seq2seq and fast_llama.supports(module) else module
+
     tokenizer = load_tokenizer(path)
-    target_lm = adapter(load_module(path, dtype), _eos_ids(tokenizer), fast)
+    target_lm = adapter(load_module(path), _eos_ids(tokenizer), fast)
+    dtype = getattr(target_lm, "dtype", dtype)
     draft_lm = None
-    if draft not in DRAFT_NAMES:
-        draft_lm = adapter(load_module(draft, dtype), target_lm.eos_token_ids, fast)
+    if draft not in DRAFT_NAMES:  # the draft model sits on the target's device
+        draft_lm = adapter(load_module(draft), target_lm.eos_token_ids, fast)
         check_same_vocab(target_lm, draft_lm, tokenizer, draft)
         draft = "model"
-    return Engine(target_lm, tokenizer, draft, gamma, draft_lm, chat_template)
+    engine = Engine(target_lm, tokenizer, draft, gamma, draft_lm, chat_template)
+    engine.hardware = describe(where, dtype)
+    return engine
 
 
 def _eos_ids(tokenizer) -> set[int] | None:

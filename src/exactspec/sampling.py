@@ -101,5 +101,19 @@ def sample_from_uniform(probs: ArrayLike, uniform: float) -> int:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """probs [V] -> one id, drawn with one uniform from `generator`."""
-    return sample_from_uniform(probs, float(torch.rand(1, generator=generator)[0]))
+    """probs [V] -> one id, drawn with one uniform from `generator` (host RNG on every device)."""
+    uniform = torch.rand(1, generator=generator)
+    if probs.device.type != "cpu":
+        return int(sample_rows(probs[None], uniform.to(probs.device))[0])
+    return sample_from_uniform(probs, float(uniform[0]))
+
+
+def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling per row: probs [A, V] (need not be normalised), uniforms [A] -> ids [A].
+    float64 CDF; the point u * total stays strictly below the total, so a zero-probability token is
+    never returned (the first index whose CDF exceeds the point is a step of the CDF)."""
+    cdf = probs.double().cumsum(-1)  # [A, V]
+    total = cdf[:, -1:]
+    point = torch.minimum(uniforms.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+

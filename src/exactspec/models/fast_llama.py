@@ -5,6 +5,22 @@ overhead, not in matmuls. This module runs the same arithmetic with fused q/k/v 
 projections and a preallocated KV cache whose rollback is a length pointer. Supported: model types
 `llama`, `mistral` (without an active sliding window) and `qwen2` (q/k/v biases); anything else uses
 the transformers adapter. Its logits match transformers' to float32 rounding (tested).
+
+Batch invariance (greedy identity by construction): a token's logits must not depend on how many
+tokens share its forward (a k-token verification block, other rows of a batch). Three things broke
+that, each a reduction whose order depended on the block: (1) the fused attention kernel computes
+q.K^T for a block of queries with another kernel than for one query; (2) the P.V product and the
+softmax sum run over the keys up to the block's end, so a token inside a block summed over more
+(masked, zero) keys than alone, in another order; (3) the CPU matmul libraries pick their kernel by
+the row count M (MKL fp32: 1-row vs k-row results differ by ~5e-5; oneDNN bf16 mostly agrees, not
+always, and bf16 rounding amplified all of it to 0.75 in the logits). The fix, `batch_invariant`
+mode (the CPU default): every query attends as its own one-row attention (the k queries folded into
+the head axis) over whole blocks of ATTN_BLOCK keys (the kernel's key split; wholly masked blocks add
+exact zeros), and every projection runs on exactly INVARIANT_ROWS rows (zero-padded chunks). Price:
+a plain step computes 8 rows and attends over >= 512 keys. CUDA runs unchunked (cuBLAS is not
+row-invariant either: there greedy identity is tested, not guaranteed bit for bit).
+The weights, the cache and the logits live on the module's device (CPU or CUDA); the cache lengths
+are host bookkeeping.
 """
 
 from __future__ import annotations
@@ -16,6 +32,8 @@ from ..errors import ExactSpecError
 from .prefix_cache import prefill_prompt
 
 SUPPORTED = ("llama", "mistral", "qwen2")
+INVARIANT_ROWS = 8  # rows per matmul in batch-invariant mode: one step of γ <= 7 verification is one chunk
+ATTN_BLOCK = 512  # keys per block of torch's CPU flash attention: invariant mode attends over whole blocks
 
 
 def supports(module: torch.nn.Module) -> bool:
@@ -50,7 +68,8 @@ class FastLlamaLM:
     The `CausalLM` methods are the B = 1 view.
     """
 
-    def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None, capacity: int = 1024):
+    def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None, capacity: int = 1024,
+                 batch_invariant: bool | None = None):
         if not supports(module):
             raise ExactSpecError(f"fast path does not support model type {module.config.model_type!r}")
         config = module.config
@@ -70,13 +89,16 @@ class FastLlamaLM:
         self.eos_token_ids = set(eos if isinstance(eos, (list, tuple, set)) else ([eos] if eos is not None else []))
         self.max_length = int(config.max_position_embeddings)
         self.dtype = self.embed.dtype
+        self.device = self.embed.device
+        self.batch_invariant = self.device.type == "cpu" if batch_invariant is None else batch_invariant
         self.initial_capacity = min(capacity, self.max_length)
         self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
         self.reset()
 
     # --- cache -------------------------------------------------------------------------------
     def _new_cache(self, batch: int, capacity: int) -> torch.Tensor:
-        return torch.zeros(len(self.layers), batch, self.n_kv, capacity, self.head_dim, dtype=self.dtype)  # [L,B,Hkv,T,d]
+        return torch.zeros(len(self.layers), batch, self.n_kv, capacity, self.head_dim, dtype=self.dtype,
+                           device=self.device)  # [L,B,Hkv,T,d]
 
     def reset(self, batch: int = 1) -> None:
         """Empty cache with `batch` rows."""
@@ -114,6 +136,7 @@ class FastLlamaLM:
 
     def truncate_rows(self, lengths: torch.Tensor) -> None:
         """lengths [B]: keep the first lengths[b] positions of each row."""
+        lengths = lengths.cpu()
         if (lengths < 0).any() or (lengths > self.lengths).any():
             raise ValueError(f"cannot truncate to {lengths.tolist()}: {self.lengths.tolist()} tokens cached")
         self.lengths = lengths.clone()
@@ -126,8 +149,9 @@ class FastLlamaLM:
         self._grow(len(rows), 0)
         moved = (rows != torch.arange(len(rows))).nonzero().flatten()  # [M] slots that get another row
         if len(moved):
+            moved_to, moved_from = moved.to(self.device), rows[moved].to(self.device)
             for cache in (self.k_cache, self.v_cache):
-                cache[:, moved] = cache[:, rows[moved]]  # the right side is gathered first: overlap is safe
+                cache[:, moved_to] = cache[:, moved_from]  # the right side is gathered first: overlap is safe
         self.lengths = self.lengths[rows]
 
     def save_cache(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -178,12 +202,25 @@ class FastLlamaLM:
         self.lengths = torch.tensor([length])
 
     # --- forward -----------------------------------------------------------------------------
+    def _per_row(self, fn, x: torch.Tensor) -> torch.Tensor:
+        """fn over the rows of x [..., K] -> [..., N]; batch-invariant mode: in zero-padded chunks of
+        exactly INVARIANT_ROWS rows, so every row meets the same kernel whatever the row count."""
+        if not self.batch_invariant:
+            return fn(x)
+        rows = x.reshape(-1, x.shape[-1])  # [M, K]
+        chunks = F.pad(rows, (0, 0, 0, -rows.shape[0] % INVARIANT_ROWS)).split(INVARIANT_ROWS)
+        out = fn(chunks[0]) if len(chunks) == 1 else torch.cat([fn(chunk) for chunk in chunks])
+        return out[: rows.shape[0]].view(*x.shape[:-1], -1)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self._per_row(lambda rows: F.linear(rows, weight, bias), x)
+
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
+        return self._per_row(lambda r: r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + self.eps) * weight, x)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, k] -> cos, sin [B, 1, k, d]."""
-        freqs = positions[..., None].float() * self.inv_freq  # [B, k, d/2]
+        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, k, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, k, d]
         return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
 
@@ -205,34 +242,40 @@ class FastLlamaLM:
     def forward_rows(self, new_ids: torch.Tensor, logits: bool = True) -> torch.Tensor | None:
         """new_ids [B, k] -> logits [B, k, V] (None if not `logits`); every row appends k positions."""
         B, k = new_ids.shape
+        new_ids = new_ids.to(self.device)
         if B != self.batch_size:
             raise ValueError(f"got {B} rows for a cache of {self.batch_size}")
         end = int(self.lengths.max()) + k
         if end > self.max_length:
             raise ExactSpecError(f"context length {end} exceeds the model's {self.max_length} tokens")
+        if self.batch_invariant:  # keys beyond a query's position are masked: whole blocks, same order
+            end = min(-(-end // ATTN_BLOCK) * ATTN_BLOCK, self.max_length)
         self._ensure_capacity(end)
         H, Hkv, d = self.n_heads, self.n_kv, self.head_dim
-        positions = self.lengths[:, None] + torch.arange(k)  # [B, k]
+        positions = (self.lengths[:, None] + torch.arange(k)).to(self.device)  # [B, k]
         cos, sin = self._rope(positions)
-        rows = torch.arange(B)[:, None]  # [B, 1]
-        if B == 1 and k == 1:
+        rows = torch.arange(B, device=self.device)[:, None]  # [B, 1]
+        mask = (torch.arange(end, device=self.device) <= positions[..., None])[:, None]  # [B, 1, k, end]
+        if self.batch_invariant:  # each query its own one-row attention: queries folded into heads
+            mask = mask.expand(B, H, k, end).reshape(B, H * k, 1, end)
+        elif B == 1 and k == 1:
             mask = None  # the single query sees the whole (exactly sized) cache
-        else:  # query at position p sees its row's positions <= p
-            mask = (torch.arange(end) <= positions[..., None])[:, None]  # [B, 1, k, end]
         x = F.embedding(new_ids, self.embed)  # [B, k, D]
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.norm1)
-            q, kk, v = F.linear(h, layer.wqkv, layer.bqkv).split([H * d, Hkv * d, Hkv * d], dim=-1)
+            q, kk, v = self._linear(h, layer.wqkv, layer.bqkv).split([H * d, Hkv * d, Hkv * d], dim=-1)
             q = self._rotate(q.view(B, k, H, d).transpose(1, 2), cos, sin)  # [B, H, k, d]
             kk = self._rotate(kk.view(B, k, Hkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, k, d]
             self.k_cache[i][rows, :, positions] = kk.transpose(1, 2)  # index -> [B, k, Hkv, d]
             self.v_cache[i][rows, :, positions] = v.view(B, k, Hkv, d)
             keys, values = self.k_cache[i, :B, :, :end], self.v_cache[i, :B, :, :end]  # [B, Hkv, end, d]
+            if self.batch_invariant:  # [B, H·k, 1, d]: head h·k+i reads kv head h·Hkv/H, as head h does
+                q = q.reshape(B, H * k, 1, d)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=H != Hkv)
-            x = x + F.linear(attn.transpose(1, 2).reshape(B, k, H * d), layer.wo)
-            gate, up = F.linear(self._rms(x, layer.norm2), layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            x = x + self._linear(attn.view(B, H, k, d).transpose(1, 2).reshape(B, k, H * d), layer.wo)
+            gate, up = self._linear(self._rms(x, layer.norm2), layer.w_gate_up).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, layer.w_down)
         self.lengths = self.lengths + k
         if not logits:
             return None
-        return F.linear(self._rms(x, self.final_norm), self.lm_head).float()  # [B, k, V]
+        return self._linear(self._rms(x, self.final_norm), self.lm_head).float()  # [B, k, V]

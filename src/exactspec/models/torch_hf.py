@@ -49,8 +49,8 @@ def load_tokenizer(path: str):
         raise ExactSpecError(f"cannot load tokenizer from {path}: {type(e).__name__}: {str(e)[:200]}") from None
 
 
-def load_hf_model(path: str, dtype: torch.dtype = torch.float32):
-    """The transformers module for a local checkpoint, in eval mode."""
+def load_hf_model(path: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    """The transformers module for a local checkpoint, in eval mode, on `device`."""
     from transformers import AutoModelForCausalLM
 
     directory, gguf = _split_path(path)
@@ -58,7 +58,7 @@ def load_hf_model(path: str, dtype: torch.dtype = torch.float32):
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
     except Exception as e:
         raise ExactSpecError(f"cannot load model from {path}: {type(e).__name__}: {str(e)[:200]}") from None
-    return model.eval()
+    return model.to(device).eval()
 
 
 class HFCausalLM:
@@ -69,6 +69,7 @@ class HFCausalLM:
 
         self._cache_cls = DynamicCache
         self.module = module
+        self.device = next(module.parameters()).device
         config = module.config
         self.vocab_size = int(module.get_output_embeddings().weight.shape[0])
         eos = eos_token_ids if eos_token_ids is not None else getattr(module.generation_config, "eos_token_id", None)
@@ -91,8 +92,8 @@ class HFCausalLM:
         k = new_ids.shape[1]
         if self._length + k > self.max_length:
             raise ExactSpecError(f"context length {self._length + k} exceeds the model's {self.max_length} tokens")
-        positions = torch.arange(self._length, self._length + k)[None]  # [1, k]
-        out = self.module(input_ids=new_ids, position_ids=positions, cache=self.cache, use_cache=True)
+        positions = torch.arange(self._length, self._length + k, device=self.device)[None]  # [1, k]
+        out = self.module(input_ids=new_ids.to(self.device), position_ids=positions, cache=self.cache, use_cache=True)
         self._length += k
         return out.logits.float()  # [1, k, V]
 
