@@ -11,14 +11,13 @@ import torch
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: make llamacpp")
 
-from exactspec.bench.llamacpp import (  # noqa: E402
-    llamacpp_engine, llamacpp_generate, llamacpp_methods, prompt_lookup_llama)
+from exactspec.bench.llamacpp import llamacpp_generate, llamacpp_methods, prompt_lookup_llama  # noqa: E402
 from exactspec.bench.workloads import load_workload  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
-from exactspec.models.llama_cpp import LlamaCppLM, load_llama_cpp  # noqa: E402
+from exactspec.models.llama_cpp import LlamaCppLM, llamacpp_engine, load_llama_cpp  # noqa: E402
 from exactspec.sampling import SamplingParams, warp  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 

@@ -394,7 +394,7 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     if backend == "llama.cpp":
         if str(device) not in ("auto", "cpu"):
             raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
-        from .bench.llamacpp import llamacpp_engine  # lazy: bench.llamacpp imports this module
+        from .models.llama_cpp import llamacpp_engine  # lazy: it imports this module
 
         return llamacpp_engine(target, draft, gamma, chat_template, threads=threads)
     path = target or embedded_model_path()
