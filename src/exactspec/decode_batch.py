@@ -7,7 +7,9 @@ written to the cache but lie beyond the row's length, so no real query ever atte
 that finish leave the batch (their cache rows are dropped), and new rows may join between
 iterations (continuous batching, `BatchDecoder.add`). Each row has its own drafter, random
 generator, sampling parameters and γ, so a row's output does not depend on which other rows share
-its batch.
+its batch — except under auto γ, which prices an iteration by the batched T(B, k) and so drafts less
+as the batch fills: a greedy row is still identical, a sampled row draws an equally exact but
+different sample than it would alone.
 """
 
 from __future__ import annotations
