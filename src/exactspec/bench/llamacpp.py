@@ -24,7 +24,7 @@ import time
 
 from ..engine import Engine
 from ..errors import ExactSpecError
-from ..models.llama_cpp import LlamaCppLM, _import, llamacpp_engine, make_llama
+from ..models.llama_cpp import LlamaCppLM, _import, make_llama
 from ..sampling import SamplingParams
 from .runner import Method, exactspec_method
 
