@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exactspec.bench.workloads import load_workload
-from exactspec.costmodel import Acceptance, AutoGamma, CostModel, bucket
+from exactspec.costmodel import AutoGamma, CostModel, bucket
 from exactspec.decode import decode
 from exactspec.drafters.ngram import PromptLookupDrafter
 from exactspec.engine import Engine
