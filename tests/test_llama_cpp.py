@@ -11,14 +11,13 @@ import torch
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: make llamacpp")
 
-from exactspec.bench.llamacpp import (  # noqa: E402
-    llamacpp_engine, llamacpp_generate, llamacpp_methods, prompt_lookup_llama)
+from exactspec.bench.llamacpp import llamacpp_generate, llamacpp_methods, prompt_lookup_llama  # noqa: E402
 from exactspec.bench.workloads import load_workload  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
-from exactspec.models.llama_cpp import LlamaCppLM, load_llama_cpp  # noqa: E402
+from exactspec.models.llama_cpp import LlamaCppLM, llamacpp_engine, load_llama_cpp  # noqa: E402
 from exactspec.sampling import SamplingParams, warp  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 
@@ -313,3 +312,14 @@ def test_constrained_greedy_identity(engine):
     assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
     assert runs[0].finish_reason == "stop" and set(json.loads(runs[0].text)) == {"name", "age"}
     assert runs[1].stats.forced > 0
+
+
+def test_greedy_identity_long_proposals(engine):
+    """An edit prompt: proposals of up to 32 tokens (γ+1 = 33 stays in flash attention's invariant
+    ubatches) and auto decode llama.cpp's own greedy tokens, with long accepted runs."""
+    ids = engine.encode(load_workload("edit")[1])
+    ref = reference(engine, ids, 80)
+    for gamma in (16, 32, "auto"):
+        stats = Stats()
+        assert ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats) == ref, f"gamma={gamma}"
+        assert max(i for i, n in enumerate(stats.run_lengths) if n) >= 8, stats.run_lengths

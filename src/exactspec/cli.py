@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", metavar="PATH", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     bench.add_argument("--draft-model", metavar="PATH", help="also bench a draft model (ours and HF assisted generation)")
     bench.add_argument("--workloads", default="grounded,chat",
-                       help="comma list of grounded, chat, agent (multi-turn tool-use transcripts replayed step by "
+                       help="comma list of grounded, chat, edit, agent (multi-turn tool-use transcripts replayed step by "
                             "step: per-step latency with and without the prefix cache; --prompts = transcripts)")
     bench.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
                        help="prefix cache budget of the agent workload's cached rows (default 1024)")
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "rate on a workload; print the predicted speed-up per gamma and the best "
                                       "gamma (0 means: do not speculate).")
     _add_model_args(tune)
-    tune.add_argument("--workload", default="grounded", help="grounded or chat (default grounded)")
+    tune.add_argument("--workload", default="grounded", help="grounded, chat or edit (default grounded)")
     tune.add_argument("--temperature", type=float, default=0.0)
     tune.add_argument("--max-new-tokens", type=int, default=64)
     tune.add_argument("--json", action="store_true")
@@ -278,7 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gammas = [int(g) for g in _floats(args.gammas)]
     temperatures, prompts, reps, max_new = _floats(args.temperatures), args.prompts, args.reps, args.max_new_tokens
     if args.quick:
-        gammas, prompts, reps, max_new, drafters = [4], 1, 1, 48, drafters[:2]
+        gammas, prompts, reps, max_new, drafters = [4, 16], 1, 1, 48, drafters[:2]
     if args.draft_model:
         drafters.append("model")
     args.draft = args.draft_model or "prompt-lookup"
@@ -298,7 +298,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows += agent_rows
     cost = engine.cost_model("none")
     report = {"hardware": engine.hardware, "rows": rows, "cost_model": {
-        "target_s": cost.target_s, "target_ratios": cost.ratios(),
+        "target_s": cost.target_s, "target_ratios": cost.ratios(), "ceiling": _ceiling(cost),
         "draft_s_per_token": {d: engine.cost_model(d).draft_s_per_token for d in drafters}}}
     if args.plot:
         plot(rows, args.plot)
@@ -314,7 +314,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(agent_table(agent_rows))
         print(f"\n{engine.hardware}")
         print("T(k)/T(1): " + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(cost.ratios())))
+        print("ceiling (every draft accepted, (γ+1) / (T(γ+1)/T(1))): "
+              + ", ".join(f"γ={g}: {c:.2f}×" for g, c in _ceiling(cost).items()))
     return 0
+
+
+def _ceiling(cost) -> dict[int, float]:
+    """The most speculation can give on this hardware at some γ: every draft accepted."""
+    return {g: cost.ceiling(g) for g in (1, 2, 4, 8, 16, 32) if g <= cost.max_gamma}
 
 
 def _bench_agent(engine, args, drafters, gammas, temperatures, transcripts, reps) -> list[dict]:
@@ -366,8 +373,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             pass
     alpha = stats.alpha or 0.0
     best = cost.best_gamma(alpha)
-    table = [{"gamma": g, "target_ratio": cost.ratios()[g], "predicted_speedup": cost.predicted_speedup(alpha, g)}
-             for g in range(cost.max_gamma + 1)]
+    table = [{"gamma": g, "target_ratio": cost.ratios()[g], "predicted_speedup": cost.predicted_speedup(alpha, g),
+              "ceiling": cost.ceiling(g)} for g in range(cost.max_gamma + 1)]
     report = {"alpha": alpha, "c": cost.draft_s_per_token / cost.target_s[0], "t1_s": cost.target_s[0],
               "per_gamma": table, "recommended_gamma": best, "draft": engine.draft, "workload": args.workload,
               "hardware": engine.hardware}
@@ -377,9 +384,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(engine.hardware)
     print(f"drafter {engine.draft} on '{args.workload}' at T={args.temperature:g}: alpha = {alpha:.3f}, "
           f"c = {report['c']:.4f}, T(1) = {1000 * cost.target_s[0]:.1f} ms")
-    print("gamma  T(gamma+1)/T(1)  predicted speed-up")
+    print("gamma  T(gamma+1)/T(1)  predicted speed-up  ceiling (all accepted)")
     for row in table:
-        print(f"{row['gamma']:5d}  {row['target_ratio']:15.2f}  {row['predicted_speedup']:18.2f}")
+        print(f"{row['gamma']:5d}  {row['target_ratio']:15.2f}  {row['predicted_speedup']:18.2f}  {row['ceiling']:21.2f}")
     print(f"recommended gamma: {best}" + ("  (do not speculate: verification costs more than it saves)" if best == 0 else ""))
     return 0
 

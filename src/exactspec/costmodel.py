@@ -6,7 +6,25 @@ speed-up for acceptance rate α is
 
     E[tokens per iteration] / ((γ · t_draft + T(γ+1)) / T(1)),
 
-which is Theorem 3.8 when T is flat and t_draft = c · T(1).
+which is Theorem 3.8 when T is flat and t_draft = c · T(1). A batch of B rows is priced the same way
+by T(B, k), the time of one batched forward over B rows of k tokens, against batched plain T(B, 1).
+
+Where the paper's i.i.d. model holds, and where it does not. E[tokens] = (1 - α^(γ+1)) / (1 - α)
+assumes every draft is accepted with the same probability α, independently of the others: a fair
+model of a draft MODEL's proposals (model drafters keep it: one α, bucket 0 below). Prompt lookup
+breaks it: its proposals are copies of earlier text, and whether the next copied token is right
+depends on how long the copy has been right so far — inside a long copy (an edit's untouched lines)
+runs of tens of tokens are accepted whole, right after an edit point or on a one-token match almost
+nothing is. One global α averages those regimes, so it is too low to dare a 32-token proposal inside
+a copy and too high to stay out of a fresh one. What replaces it: α conditioned on the proposal's
+MATCH LENGTH (how many context tokens before the proposal agree with the text it copies: the
+drafter reports it), in buckets 1, 2, 3-4, 5-8, 9-16, 17-32, 33+, each a Beta posterior updated
+with exponential forgetting (recent proposals weigh most). Within a bucket the per-token model is
+the paper's again, so the policy chooses, per proposal, the γ with the best E[tokens | match] /
+cost, over the T(k) measured up to the largest γ it may use (32). The buckets' priors rise with
+the match length, so a first request speculates on the copies it finds at once instead of decoding
+plainly until a global α is convinced (which a short answer never outlives); what the engine learns
+(bucket posteriors, T(k), T(B, k)) lives on the Engine and carries across requests.
 """
 
 from __future__ import annotations
@@ -23,6 +41,19 @@ from .theory import expected_tokens
 
 
 TARGET_WEIGHT = 0.2  # how far one real iteration moves T(k)
+MAX_AUTO_GAMMA = 32  # the longest proposal auto may choose: T(k) is measured up to k = 33
+MEASURED_K = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 33)  # T(k) is measured at these k, interpolated between
+
+
+@dataclass
+class BatchCosts:
+    """T(B, k) for batches of B > 1 rows. An (B, k) seen in real batched iterations is priced by its
+    running average; an unseen one by the single-row T(B·k) (a CPU forward's cost follows the rows it
+    multiplies), times how far the batched iterations seen so far were from that guess."""
+
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    observations: dict[tuple[int, int], int] = field(default_factory=dict)
+    scale: float = 1.0  # observed / guessed, averaged over batched iterations
 
 
 @dataclass
@@ -32,6 +63,7 @@ class CostModel:
     draft_observations: int = 0  # proposals that refined draft_s_per_token
     target_observations: list[int] = field(default_factory=list)  # [K]: real iterations that refined T(k)
     frozen: bool = False  # never refined: γ choices that do not depend on timing (tests)
+    batch: BatchCosts = field(default_factory=BatchCosts)  # T(B, k), B > 1 (shared like target_s)
 
     def __post_init__(self) -> None:
         if not self.target_observations:
@@ -50,15 +82,17 @@ class CostModel:
         self.draft_s_per_token += weight * (seconds_per_token - self.draft_s_per_token)
         self.draft_observations += 1
 
-    def observe_target(self, k: int, seconds: float) -> None:
-        """Refine T(k) from one real iteration over k new tokens (forward + verification, timed by the
-        decode loop). `measure_target` runs at one context length without the loop's bookkeeping; real
-        decoding differs: on llama.cpp, attention over a 500-token grounded prompt took T(2)/T(1) to
-        ~1.4 and T(3)/T(1) to ~1.9 where the measurement said 1.3 and 1.65. Each observation (clipped
-        to [0.5, 2]x, against outliers) moves T(k) by TARGET_WEIGHT; a k never observed keeps its
-        measured ratio to T(1)."""
+    def observe_target(self, k: int, seconds: float, batch: int = 1) -> None:
+        """Refine T(k) (or T(batch, k)) from one real iteration over k new tokens per row (forward +
+        verification, timed by the decode loop). `measure_target` runs at one context length without the
+        loop's bookkeeping; real decoding differs: on llama.cpp, attention over a 500-token grounded
+        prompt took T(2)/T(1) to ~1.4 and T(3)/T(1) to ~1.9 where the measurement said 1.3 and 1.65.
+        Each observation (clipped to [0.5, 2]x, against outliers) moves T(k) by TARGET_WEIGHT; a k never
+        observed keeps its measured ratio to T(1)."""
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
+        if batch > 1:
+            return self._observe_batch(batch, k, seconds)
         old = self.target_s[k - 1]
         new = old + TARGET_WEIGHT * (min(max(seconds, 0.5 * old), 2.0 * old) - old)
         self.target_s[k - 1] = new
@@ -68,13 +102,41 @@ class CostModel:
                 if not seen:
                     self.target_s[j] *= new / old
 
+    def _observe_batch(self, batch: int, k: int, seconds: float) -> None:
+        costs, key = self.batch, (batch, k)
+        guess = self.single_row_guess(batch, k)
+        costs.scale += TARGET_WEIGHT * (min(max(seconds / guess, 0.25), 4.0) - costs.scale)
+        seen = costs.observations.get(key, 0)
+        old = costs.seconds.get(key, seconds)
+        costs.seconds[key] = old + (1.0 if not seen else TARGET_WEIGHT) * (min(max(seconds, 0.5 * old), 2.0 * old) - old)
+        costs.observations[key] = seen + 1
+
+    def single_row_guess(self, batch: int, k: int) -> float:
+        """T(1, B·k), extrapolated linearly past the measured k."""
+        rows, K = batch * k, len(self.target_s)
+        if rows <= K:
+            return self.target_s[rows - 1]
+        slope = max((self.target_s[-1] - self.target_s[0]) / max(K - 1, 1), 0.0)
+        return self.target_s[-1] + slope * (rows - K)
+
+    def seconds(self, k: int, batch: int = 1) -> float:
+        """T(batch, k): one iteration over k new tokens in each of `batch` rows."""
+        if batch <= 1:
+            return self.target_s[k - 1]
+        seen = self.batch.seconds.get((batch, k))
+        return seen if seen is not None else self.batch.scale * self.single_row_guess(batch, k)
+
     def ratios(self) -> list[float]:
         """T(k) / T(1) for k = 1..K."""
         return [t / self.target_s[0] for t in self.target_s]
 
-    def step_cost(self, gamma: int) -> float:
-        """Cost of one iteration with γ drafts, in units of one plain target step."""
-        return (gamma * self.draft_s_per_token + self.target_s[gamma]) / self.target_s[0]
+    def ceiling(self, gamma: int) -> float:
+        """The most speculation can give with γ drafts: every draft accepted, (γ+1) / (T(γ+1)/T(1))."""
+        return (gamma + 1) / self.step_cost(gamma)
+
+    def step_cost(self, gamma: int, batch: int = 1) -> float:
+        """Cost of one iteration with γ drafts per row, in units of one plain (batched) target step."""
+        return (gamma * batch * self.draft_s_per_token + self.seconds(gamma + 1, batch)) / self.seconds(1, batch)
 
     def predicted_speedup(self, alpha: float, gamma: int) -> float:
         return expected_tokens(alpha, gamma) / self.step_cost(gamma)
@@ -84,54 +146,130 @@ class CostModel:
         return max(range(self.max_gamma + 1), key=lambda g: (self.predicted_speedup(alpha, g), -g))
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "target_ratios": self.ratios()}
+        d = asdict(self)
+        d["batch"] = {f"{b}x{k}": t for (b, k), t in self.batch.seconds.items()}
+        return {**d, "target_ratios": self.ratios()}
 
 
-def measure_target(model: CausalLM, max_k: int = 9, context: int = 100, reps: int = 5) -> list[float]:
-    """Median seconds of a forward over k = 1..max_k new tokens on a warm cache of `context` tokens.
-    The k values are interleaved across repetitions so machine noise spreads over all of them."""
+def measure_target(model: CausalLM, max_k: int = MAX_AUTO_GAMMA + 1, context: int = 100, reps: int = 4) -> list[float]:
+    """Median seconds of a forward over k = 1..max_k new tokens on a warm cache of `context` tokens,
+    measured at the k of MEASURED_K (and max_k) and interpolated linearly between them. The k values are
+    interleaved across repetitions so machine noise spreads over all of them."""
+    ks = sorted({k for k in MEASURED_K if k < max_k} | {max_k})
     gen = torch.Generator().manual_seed(0)
     model.reset()
     model.forward(torch.randint(0, model.vocab_size, (1, context), generator=gen))
-    times: list[list[float]] = [[] for _ in range(max_k)]
+    times: dict[int, list[float]] = {k: [] for k in ks}
     for rep in range(reps + 1):
-        for k in range(1, max_k + 1):
+        for k in ks:
             ids = torch.randint(0, model.vocab_size, (1, k), generator=gen)
             t = time.perf_counter()
             model.forward(ids)
             synchronize(device_of(model))
             if rep:  # the first round warms up
-                times[k - 1].append(time.perf_counter() - t)
+                times[k].append(time.perf_counter() - t)
             model.truncate(context)
     model.reset()
-    return [statistics.median(ts) for ts in times]
+    med = {k: statistics.median(ts) for k, ts in times.items()}
+    out = []
+    for k in range(1, max_k + 1):
+        lo = max(j for j in ks if j <= k)
+        hi = min(j for j in ks if j >= k)
+        out.append(med[lo] if hi == lo else med[lo] + (med[hi] - med[lo]) * (k - lo) / (hi - lo))
+    return out
+
+
+# Match-length buckets: bucket 0 = no match information (model drafters: the paper's one α).
+BUCKET_EDGES = (1, 2, 3, 5, 9, 17, 33)  # bucket b >= 1 holds match lengths in [EDGES[b-1], EDGES[b])
+COPY_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.88, 0.93, 0.96)  # prior α per bucket 1..7: longer matches copy on
+FORGET = 0.97  # each proposal's outcome discounts its bucket's earlier evidence (memory ~30 proposals)
+
+
+def bucket(match: int | None) -> int:
+    """Match length -> bucket (0: unknown / not a copy)."""
+    if not match:
+        return 0
+    return sum(match >= edge for edge in BUCKET_EDGES)
+
+
+class Acceptance:
+    """What the engine has learned about one drafter: per match-length bucket, a Beta posterior of the
+    per-token acceptance α (accepted drafts are successes, the first rejection a failure), with
+    exponential forgetting. Shared by every request of an Engine (server, generate_batch, bench)."""
+
+    def __init__(self, prior_alpha: float = 0.3, prior_strength: float = 4.0):
+        priors = (prior_alpha, *COPY_PRIOR)
+        self.successes = [a * prior_strength for a in priors]
+        self.failures = [(1.0 - a) * prior_strength for a in priors]
+        self.proposals = [0] * len(priors)
+
+    def alpha(self, match: int | None = None) -> float:
+        b = bucket(match)
+        return self.successes[b] / (self.successes[b] + self.failures[b])
+
+    def observe(self, proposed: int, accepted: int, match: int | None = None) -> None:
+        if not proposed:
+            return
+        b = bucket(match)
+        forget = FORGET if b else 1.0  # bucket 0 keeps the paper's stationary α
+        self.successes[b] = forget * self.successes[b] + accepted
+        self.failures[b] = forget * self.failures[b] + (accepted < proposed)
+        self.proposals[b] += 1
+
+    def to_dict(self) -> dict:
+        return {"bucket_edges": list(BUCKET_EDGES), "alpha": [self.alpha_of(b) for b in range(len(self.proposals))],
+                "proposals": list(self.proposals)}
+
+    def alpha_of(self, b: int) -> float:
+        return self.successes[b] / (self.successes[b] + self.failures[b])
 
 
 class AutoGamma:
-    """Chooses γ before every iteration from the cost model and an online estimate of α.
+    """Chooses γ for every iteration from the cost model and what the engine has learned about the drafter.
 
-    α is the posterior mean of a Beta prior updated with per-token outcomes (each accepted draft is a
-    success, the first rejection a failure). While the best γ is 0 the loop decodes plainly and probes
-    with γ=1 now and then, with the gap doubling after each probe that still says "don't speculate",
-    so a losing drafter costs a vanishing fraction of the steps. Speculation must be predicted to win
-    by `min_gain` before it is used: measured costs are noisy and the per-iteration bookkeeping
-    (warping γ+1 rows, verifying) is not in T(k).
+    Model drafters (no match information): γ is chosen before drafting from one α (the paper's model).
+    Copying drafters (prompt lookup): the drafter proposes up to `max_gamma` tokens and reports its
+    match length; `choose` then keeps the prefix with the best E[tokens | match] / cost (see the module
+    docstring). In a batch, one width serves all rows (the forward is padded to it) and the iteration is
+    priced by T(B, width + 1) against batched plain T(B, 1): as the batch fills, γ shrinks, then stops.
+    While the best γ is 0 the loop decodes plainly and probes with γ=1 now and then, with the gap
+    doubling after each probe that still says "don't speculate", so a losing drafter costs a vanishing
+    fraction of the steps. Speculation must be predicted to win by `min_gain` before it is used:
+    measured costs are noisy and the per-iteration bookkeeping (warping γ+1 rows, verifying) is not in T(k).
     """
 
     def __init__(self, cost: CostModel, prior_alpha: float = 0.3, prior_strength: float = 4.0,
-                 first_probe: int = 8, min_gain: float = 1.05):
+                 first_probe: int = 8, min_gain: float = 1.05, acceptance: Acceptance | None = None):
         self.cost, self.min_gain = cost, min_gain
-        self.successes = prior_alpha * prior_strength
-        self.failures = (1.0 - prior_alpha) * prior_strength
+        self.acceptance = acceptance if acceptance is not None else Acceptance(prior_alpha, prior_strength)
         self.probe_gap, self.plain_steps = first_probe, 0
 
     @property
     def alpha(self) -> float:
-        return self.successes / (self.successes + self.failures)
+        return self.acceptance.alpha(None)
 
-    def next_gamma(self) -> int:
-        gamma = self.cost.best_gamma(self.alpha)
-        if gamma > 0 and self.cost.predicted_speedup(self.alpha, gamma) >= self.min_gain:
+    @property
+    def max_gamma(self) -> int:
+        return self.cost.max_gamma
+
+    def next_gamma(self, batch: int = 1) -> int:
+        """γ before drafting (model drafters: every row expects the same)."""
+        return self.choose([(None, self.max_gamma)], batch)
+
+    def speedup(self, rows: list[tuple[int | None, int]], gamma: int, batch: int | None = None) -> float:
+        """Predicted speed-up of one iteration of width γ over plain decoding, for rows of (match
+        length, tokens available to propose) in a batch of `batch` rows (default: these rows)."""
+        tokens = sum(expected_tokens(self.acceptance.alpha(m), min(gamma, avail)) for m, avail in rows)
+        return tokens / len(rows) / self.cost.step_cost(gamma, batch or len(rows))
+
+    def choose(self, rows: list[tuple[int | None, int]], batch: int | None = None) -> int:
+        """The width γ (0 = plain) for one iteration; `rows`: (match length, proposal length) per row,
+        in a batch of `batch` rows (default: these rows)."""
+        widest = min(max((avail for _, avail in rows), default=0), self.max_gamma)
+        if widest <= 0:
+            return 0
+        gamma = max(range(widest + 1), key=lambda g: (self.speedup(rows, g, batch), -g))
+        if gamma > 0 and self.speedup(rows, gamma, batch) >= self.min_gain:
             return gamma
         self.plain_steps += 1
         if self.plain_steps >= self.probe_gap:
@@ -139,16 +277,15 @@ class AutoGamma:
             return 1
         return 0
 
-    def observe_step(self, k: int, seconds: float) -> None:
-        """One iteration over k new tokens (the last context token and k-1 drafts) took `seconds`."""
-        self.cost.observe_target(k, seconds)
+    def observe_step(self, k: int, seconds: float, batch: int = 1) -> None:
+        """One iteration over k new tokens per row (the last context token and k-1 drafts) took `seconds`."""
+        self.cost.observe_target(k, seconds, batch)
 
-    def observe(self, proposed: int, accepted: int, draft_s: float | None = None) -> None:
+    def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None) -> None:
         """Outcome of one proposal; `draft_s` (its drafting time) refines the drafter's measured cost,
         which a one-off measurement on a busy machine can get badly wrong."""
         if proposed:
-            self.successes += accepted
-            self.failures += accepted < proposed
+            self.acceptance.observe(proposed, accepted, match)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s / proposed)
 

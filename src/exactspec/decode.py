@@ -38,6 +38,29 @@ def argmax_forward(target: CausalLM, new_ids: list[int]) -> list[int]:
     return logits.argmax(-1).tolist() if logits.device.type != "cpu" else logits.numpy().argmax(-1).tolist()
 
 
+def propose(drafter: Drafter | None, gamma: int | AutoGamma, context: list[int], room: int,
+            params: SamplingParams, generator: torch.Generator | None, law=None):
+    """-> (proposal | None, draft ids [k], grammar-forced tokens leading them) for one iteration with at
+    most `room` drafts. A fixed γ, or auto's γ for drafters that sample, is chosen before drafting; a
+    copying drafter under auto (no grammar law) proposes as much as auto may use and auto keeps the
+    prefix its match length makes worth verifying. With a law (constraints.py), it proposes: forced
+    tokens first, then the drafter."""
+    if room <= 0 or (drafter is None and law is None):
+        return None, [], 0
+    copying = isinstance(gamma, AutoGamma) and getattr(drafter, "copies", False) and law is None
+    if copying:
+        proposal = drafter.propose(context, min(gamma.max_gamma, room), params, generator)
+        k = gamma.choose([(proposal.match, len(proposal))])
+        return (proposal, proposal.ids[:k].tolist(), 0) if k > 0 else (None, [], 0)
+    k = min(gamma.next_gamma() if isinstance(gamma, AutoGamma) else gamma, room)
+    if k <= 0:
+        return None, [], 0
+    proposal, forced = law.propose(drafter, context, k, generator) if law is not None else (
+        drafter.propose(context, k, params, generator), 0)
+    drafts = proposal.ids[:k].tolist() if proposal is not None else []  # k' <= k tokens
+    return proposal, drafts, forced
+
+
 def decode(
     target: CausalLM,
     drafter: Drafter | None,
@@ -53,7 +76,7 @@ def decode(
 ) -> Iterator[int]:
     """Yield generated token ids as they are accepted. Stops at EOS (yielded), max_new_tokens or the
     context limit; the caller may stop early (stop strings) by closing the iterator.
-    `gamma` is a fixed number of drafts per iteration, or an AutoGamma policy asked before each one.
+    `gamma` is a fixed number of drafts per iteration, or an AutoGamma policy asked at each one (see `propose`).
     `law` (constraints.py): the per-position transform (grammar, penalties, logprobs) of `params`'
     law, applied to target and drafts alike; it also proposes grammar-forced tokens."""
     if not prompt_ids:
@@ -87,15 +110,9 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
     t_start, decode_base = time.perf_counter(), stats.decode_s
     while produced < max_new_tokens and len(context) < target.max_length:
         # Each iteration emits up to k+1 tokens: never draft past max_new_tokens or the context.
-        want = gamma.next_gamma() if isinstance(gamma, AutoGamma) else gamma
-        k = min(want, max_new_tokens - produced - 1, target.max_length - len(context) - 1)
+        room = min(max_new_tokens - produced - 1, target.max_length - len(context) - 1)
         t = time.perf_counter()
-        proposal, forced = None, 0  # forced: grammar-forced tokens leading the proposal
-        if law is not None and k > 0:
-            proposal, forced = law.propose(drafter, context, k, generator)
-        elif drafter is not None and k > 0:
-            proposal = drafter.propose(context, k, params, generator)
-        drafts = proposal.ids[:k].tolist() if proposal is not None else []  # k' <= k tokens
+        proposal, drafts, forced = propose(drafter, gamma, context, room, params, generator, law)
         t_verify = time.perf_counter()
         stats.draft_s += t_verify - t
 
@@ -109,7 +126,7 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         else:
             logits = target.forward(torch.tensor([feed]))[0]  # [k'+1, V]
             target_probs = warp(logits, params) if law is None else law.probs(logits, drafts)
-            draft_probs = proposal.probs[:k] if proposal is not None and proposal.probs is not None else None
+            draft_probs = proposal.probs[: len(drafts)] if proposal is not None and proposal.probs is not None else None
             if verifier is verify:  # the NumPy verifier reads host memory (no copy on the CPU)
                 target_probs, draft_probs = target_probs.cpu(), None if draft_probs is None else draft_probs.cpu()
             emitted = verifier(drafts, draft_probs, target_probs, generator, **lenient)
@@ -122,7 +139,7 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         if drafter is not None and drafts:
             drafter.observe(len(drafts), n)
             if isinstance(gamma, AutoGamma):
-                gamma.observe(len(drafts), n, t_verify - t)
+                gamma.observe(len(drafts), n, t_verify - t, proposal.match)
 
         emitted = emitted[: max_new_tokens - produced]
         eos_at = next((i for i, tok in enumerate(emitted) if stop_on_eos and tok in target.eos_token_ids), None)

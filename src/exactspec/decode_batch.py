@@ -7,7 +7,9 @@ written to the cache but lie beyond the row's length, so no real query ever atte
 that finish leave the batch (their cache rows are dropped), and new rows may join between
 iterations (continuous batching, `BatchDecoder.add`). Each row has its own drafter, random
 generator, sampling parameters and γ, so a row's output does not depend on which other rows share
-its batch.
+its batch — except under auto γ, which prices an iteration by the batched T(B, k) and so drafts less
+as the batch fills: a greedy row is still identical, a sampled row draws an equally exact but
+different sample than it would alone.
 """
 
 from __future__ import annotations
@@ -155,14 +157,18 @@ class BatchDecoder:
         while they are yielded, leave the batch once the iteration ends."""
         rows = self.rows
         room = self.target.max_length - max(len(r.context) for r in rows)
-        wants: dict[int, int] = {}  # one γ per AutoGamma policy per iteration
-        drafts = [self._draft(row, room, wants) for row in rows]  # per row: (ids [k], probs [k, V] | None, forced)
+        drafts, matches = self._draft(rows, room)  # per row: (ids [k], probs [k, V] | None, forced); match length
         width = max(len(d[0]) for d in drafts) + 1
         feed = torch.zeros(len(rows), width, dtype=torch.long)  # [A, K+1], zero-padded
         for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
             feed[j, : len(ids) + 1] = torch.cat([torch.tensor([row.context[-1]]), ids])
+        t = time.perf_counter()
         logits = self.target.forward_rows(feed)  # [A, K+1, V]
         target_probs = _warp_rows(logits, [r.params for r in rows])  # [A, K+1, V]
+        seconds = time.perf_counter() - t
+        policy = next((r.gamma for r in rows if isinstance(r.gamma, AutoGamma)), None)
+        if policy is not None:  # T(B, k) is the target's: one observation serves every policy
+            policy.observe_step(width, seconds, len(rows))
         for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
             if row.law is not None and not row.law.trivial:
                 target_probs[j, : len(ids) + 1] = row.law.probs(logits[j, : len(ids) + 1], ids.tolist())
@@ -172,7 +178,7 @@ class BatchDecoder:
         keep_lengths, still = [], []
         for j, (row, (ids, probs, forced)) in enumerate(zip(rows, drafts)):
             keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1], forced,
-                                         None if verified is None else verified[j])
+                                         None if verified is None else verified[j], matches[j])
             keep_lengths.append(keep)
             yield row, emitted
             if not row.done and not row.cancelled:
@@ -188,25 +194,49 @@ class BatchDecoder:
             self.target.select_rows(torch.tensor(order, dtype=torch.long))
             self.rows = [rows[j] for j in order]
 
-    def _draft(self, row: Row, room: int, wants: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-        if isinstance(row.gamma, AutoGamma):
-            if id(row.gamma) not in wants:
-                wants[id(row.gamma)] = row.gamma.next_gamma()
-            want = wants[id(row.gamma)]
-        else:
-            want = row.gamma
-        k = min(want, row.max_new_tokens - row.produced - 1, room - 1)
-        proposal, forced = None, 0
-        if row.law is not None and k > 0:
-            proposal, forced = row.law.propose(row.drafter, row.context, k, row.generator)
-        elif row.drafter is not None and k > 0:
-            proposal = row.drafter.propose(row.context, k, row.params, row.generator)
-        if proposal is None or len(proposal) == 0:
-            return torch.zeros(0, dtype=torch.long), None, 0
-        return proposal.ids[:k], None if proposal.probs is None else proposal.probs[:k], forced
+    def _draft(self, rows: list[Row], room: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None, int]], list[int]]:
+        """Every row's drafts (ids, probs, grammar-forced count) and match lengths. A fixed γ, or auto's
+        γ for drafters that sample (asked once per policy), is chosen before drafting; rows of copying
+        drafters under auto (no grammar law) propose all auto may use, then each policy picks one width
+        for its rows, priced by T(B, width + 1) for the whole batch."""
+        proposals, wants = [], {}
+        for row in rows:
+            cap = min(row.max_new_tokens - row.produced - 1, room - 1)
+            if (row.drafter is None and row.law is None) or cap <= 0:
+                k = 0
+            elif _copying(row):
+                k = min(row.gamma.max_gamma, cap)
+            elif isinstance(row.gamma, AutoGamma):
+                if id(row.gamma) not in wants:
+                    wants[id(row.gamma)] = row.gamma.next_gamma(len(rows))
+                k = min(wants[id(row.gamma)], cap)
+            else:
+                k = min(row.gamma, cap)
+            if k <= 0:
+                proposals.append((None, 0, 0))
+            elif row.law is not None:
+                proposals.append((*row.law.propose(row.drafter, row.context, k, row.generator), k))
+            else:
+                proposals.append((row.drafter.propose(row.context, k, row.params, row.generator), 0, k))
+        widths = {}  # per copying policy
+        for row, (proposal, _, _) in zip(rows, proposals):
+            if _copying(row):
+                widths.setdefault(id(row.gamma), (row.gamma, []))[1].append(
+                    (proposal.match, len(proposal)) if proposal is not None else (None, 0))
+        widths = {key: policy.choose(members, len(rows)) for key, (policy, members) in widths.items()}
+        drafts, matches = [], []
+        for row, (proposal, forced, k) in zip(rows, proposals):
+            k = widths[id(row.gamma)] if _copying(row) else k
+            if proposal is None or k <= 0 or len(proposal) == 0:
+                drafts.append((torch.zeros(0, dtype=torch.long), None, 0))
+                matches.append(0)
+            else:
+                drafts.append((proposal.ids[:k], None if proposal.probs is None else proposal.probs[:k], forced))
+                matches.append(proposal.match)
+        return drafts, matches
 
     def _verify(self, row: Row, ids: torch.Tensor, probs: torch.Tensor | None, target_probs: torch.Tensor,
-                forced: int = 0, emitted: list[int] | None = None) -> tuple[int, list[int]]:
+                forced: int = 0, emitted: list[int] | None = None, match: int = 0) -> tuple[int, list[int]]:
         """Accept a prefix of the row's drafts (or take `emitted`, verified on the device already);
         returns (cache length to keep, tokens emitted)."""
         k = len(ids)
@@ -216,7 +246,7 @@ class BatchDecoder:
         if row.drafter is not None and k:
             row.drafter.observe(k, n)
             if isinstance(row.gamma, AutoGamma):
-                row.gamma.observe(k, n)  # no observe_step: one batched forward serves many rows
+                row.gamma.observe(k, n, match=match)
         keep = len(row.context) + n
         emitted = emitted[: row.max_new_tokens - row.produced]
         eos = self.target.eos_token_ids if self.stop_on_eos else ()
@@ -233,6 +263,11 @@ class BatchDecoder:
         row.done = (eos_at is not None or row.produced >= row.max_new_tokens
                     or len(row.context) >= self.target.max_length)
         return keep, emitted
+
+
+def _copying(row: Row) -> bool:
+    """Auto γ cuts this row's proposals after drafting (a copying drafter, no grammar law)."""
+    return isinstance(row.gamma, AutoGamma) and getattr(row.drafter, "copies", False) and row.law is None
 
 
 def _warp_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -293,7 +328,7 @@ def decode_batch(
 ) -> Iterator[tuple[int, list[int]]]:
     """Yield (row, tokens) each time a row accepts tokens. A row stops at EOS, max_new_tokens, the
     context limit, or when the caller adds its index to `cancelled`. An AutoGamma policy chooses one
-    γ per iteration for the whole batch and learns from every row's outcome."""
+    γ per iteration for the whole batch, priced by the batched T(B, k), and learns from every row's outcome."""
     n_rows = len(prompts)
     row_stats = row_stats if row_stats is not None else [Stats() for _ in range(n_rows)]
     batch_stats = batch_stats if batch_stats is not None else Stats()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .constraints import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec, llg_tokenizer
-from .costmodel import AutoGamma, CostModel, measure_drafter, measure_target
+from .costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
 from .decode import decode
 from .decode_batch import decode_batch
 from .detokenize import IncrementalText
@@ -63,8 +63,10 @@ class Engine:
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
+        self._batch_costs = BatchCosts()  # T(B, k), refined by batched auto-gamma iterations
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
         self.hardware = "device cpu"  # `load` names device, dtype and the CPU flags behind the choice
+        self._acceptance: dict[str, Acceptance] = {}  # per drafter: α by match length, across requests
         self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
         self._llg_tok = None  # llguidance's view of the tokenizer, built on the first constrained request
 
@@ -125,10 +127,10 @@ class Engine:
         draft = self.draft if draft is None else draft
         return draft == "model" or (draft == "auto" and self.draft_model is not None)
 
-    def cost_model(self, draft: str | None = None, max_gamma: int = 8) -> CostModel:
-        """The target's T(k) (measured once, refined by every auto-gamma iteration: the lists are shared
-        by every drafter's cost model) and the drafter's time per token (measured once per drafter, then
-        refined by its auto-gamma proposals)."""
+    def cost_model(self, draft: str | None = None, max_gamma: int = MAX_AUTO_GAMMA) -> CostModel:
+        """The target's T(k) and T(B, k) (measured once, refined by every auto-gamma iteration: they are
+        shared by every drafter's cost model) and the drafter's time per token (measured once per
+        drafter, then refined by its auto-gamma proposals)."""
         draft = self.draft if draft is None else draft
         if self.is_encoder_decoder and (self._target_costs is None or draft not in self._costs):
             self._set_source(torch.randint(0, self.target.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist())
@@ -139,16 +141,24 @@ class Engine:
             drafter = self.make_drafter(draft)
             draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
                                                                   SamplingParams(temperature=1.0))
-            self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations)
+            self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations,
+                                           batch=self._batch_costs)
         return self._costs[draft]
+
+    def acceptance(self, draft: str | None = None) -> Acceptance:
+        """What auto γ has learned about a drafter's acceptance (by match length), kept across requests."""
+        draft = self.draft if draft is None else draft
+        if draft not in self._acceptance:
+            self._acceptance[draft] = Acceptance(self.prior_alpha)
+        return self._acceptance[draft]
 
     def drafting(self, gamma: int | str | None = None, draft: str | None = None) -> tuple[Drafter | None, int | AutoGamma]:
         """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over this
-        engine's cost model for "auto" (γ = 0, or no drafter, means plain decoding)."""
+        engine's cost model and learned acceptance for "auto" (γ = 0, or no drafter, means plain decoding)."""
         gamma = self.gamma if gamma is None else check_gamma(gamma)
         drafter = self.make_drafter(draft) if gamma != 0 else None
         if gamma == "auto":
-            gamma = AutoGamma(self.cost_model(draft), self.prior_alpha) if drafter is not None else 0
+            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft)) if drafter is not None else 0
         return drafter, gamma
 
     @property
@@ -394,7 +404,7 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     if backend == "llama.cpp":
         if str(device) not in ("auto", "cpu"):
             raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
-        from .bench.llamacpp import llamacpp_engine  # lazy: bench.llamacpp imports this module
+        from .models.llama_cpp import llamacpp_engine  # lazy: it imports this module
 
         return llamacpp_engine(target, draft, gamma, chat_template, threads=threads)
     path = target or embedded_model_path()

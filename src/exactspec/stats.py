@@ -21,6 +21,7 @@ class Stats:
     drafts_by: dict[str, int] = field(default_factory=dict)  # target calls with drafts, per drafter that made them
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     prefill_tokens: int = 0  # prompt tokens prefilled (computed)
+    run_lengths: list[int] = field(default_factory=list)  # [n]: speculative iterations that accepted n drafts
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0  # time inside the drafter
@@ -43,6 +44,10 @@ class Stats:
             self.accepted_per_position += [0] * (accepted - len(self.accepted_per_position))
         for i in range(accepted):
             self.accepted_per_position[i] += 1
+        if proposed:
+            if len(self.run_lengths) <= accepted:
+                self.run_lengths += [0] * (accepted + 1 - len(self.run_lengths))
+            self.run_lengths[accepted] += 1
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -74,7 +79,8 @@ class Stats:
         return self.emitted / self.decode_s if self.decode_s > 0 else None
 
     def merge(self, other: "Stats") -> "Stats":
-        out = Stats(**{k: v for k, v in asdict(self).items() if k not in ("accepted_per_position", "drafts_by")})
+        out = Stats(**{k: v for k, v in asdict(self).items()
+                       if k not in ("accepted_per_position", "drafts_by", "run_lengths")})
         out.drafts_by = {k: self.drafts_by.get(k, 0) + other.drafts_by.get(k, 0)
                          for k in {**self.drafts_by, **other.drafts_by}}
         for name in ("target_calls", "draft_calls", "proposed", "accepted", "rejections", "emitted",
@@ -83,9 +89,8 @@ class Stats:
         for name in ("prefill_s", "decode_s", "draft_s", "verify_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.lenience = min(self.lenience, other.lenience)
-        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
-        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
-        out.accepted_per_position = [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))]
+        out.accepted_per_position = _add(self.accepted_per_position, other.accepted_per_position)
+        out.run_lengths = _add(self.run_lengths, other.run_lengths)
         return out
 
     def to_dict(self) -> dict:
@@ -99,6 +104,12 @@ class Stats:
             exact=self.exact,
         )
         return d
+
+
+def _add(xs: list[int], ys: list[int]) -> list[int]:
+    """Element-wise sum of two count lists of any lengths."""
+    n = max(len(xs), len(ys))
+    return [a + b for a, b in zip(xs + [0] * (n - len(xs)), ys + [0] * (n - len(ys)))]
 
 
 def total(stats: Iterable[Stats]) -> Stats:

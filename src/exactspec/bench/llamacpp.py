@@ -1,7 +1,7 @@
 """llama.cpp rows for the side-by-side benchmark (optional extra: `make llamacpp`).
 
-- `llamacpp_engine(path)`: an `Engine` whose target is a `LlamaCppLM`; `exactspec_method(engine, ...)`
-  then gives exactspec-plain / exactspec-spec / auto rows on llama.cpp (same verifier, drafters, cost model).
+- exactspec's own rows on llama.cpp come from `exactspec_method` over an engine loaded with
+  `exactspec.load(backend="llama.cpp")` (models/llama_cpp.py: `llamacpp_engine`).
 - `llamacpp-plain`: llama-cpp-python's own `Llama.generate` on the same context (its own sampler chain).
 - `llamacpp-prompt-lookup`: `Llama.generate` with `LlamaPromptLookupDecoding(num_pred_tokens=10)` as
   draft model, on a second `Llama` over the same file (it needs `logits_all`).
@@ -22,38 +22,13 @@ from __future__ import annotations
 
 import time
 
-from ..engine import DRAFT_NAMES, Engine, check_gamma, check_same_vocab
+from ..engine import Engine
 from ..errors import ExactSpecError
-from ..models.llama_cpp import LlamaCppLM, _import, load_llama_cpp, make_llama
-from ..models.torch_hf import load_tokenizer
+from ..models.llama_cpp import LlamaCppLM, _import, make_llama
 from ..sampling import SamplingParams
 from .runner import Method, exactspec_method
 
 PROMPT_LOOKUP_TOKENS = 10
-
-
-def llamacpp_engine(path: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4,
-                    chat_template: bool = True, n_ctx: int | None = None, threads: int | None = None,
-                    repack: bool | None = None, **llama_kwargs) -> Engine:
-    """`Engine` over a GGUF target run by llama.cpp; the tokenizer is transformers' reading of the same
-    GGUF (its ids are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter
-    name or a path to a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch,
-    flash_attn, type_k, ...)."""
-    from ..embedded import embedded_model_path
-
-    gamma = check_gamma(gamma)
-    path = path or embedded_model_path()
-    if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
-        raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
-    target = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
-    tokenizer = load_tokenizer(path)
-    draft_lm = None
-    if draft not in DRAFT_NAMES:
-        draft_lm = load_llama_cpp(draft, n_ctx=target.max_length, threads=threads,
-                                  eos_token_ids=target.eos_token_ids, repack=target.repack, **llama_kwargs)
-        check_same_vocab(target, draft_lm, tokenizer, draft)
-        draft = "model"
-    return Engine(target, tokenizer, draft, gamma, draft_lm, chat_template)
 
 
 def sampler_kwargs(params: SamplingParams) -> dict:
@@ -126,5 +101,5 @@ def _target(engine: Engine) -> LlamaCppLM:
     return engine.target
 
 
-__all__ = ["llamacpp_engine", "llamacpp_generate", "llamacpp_methods", "llamacpp_plain_method",
+__all__ = ["llamacpp_generate", "llamacpp_methods", "llamacpp_plain_method",
            "llamacpp_prompt_lookup_method", "prompt_lookup_llama", "sampler_kwargs", "exactspec_method"]

@@ -136,6 +136,7 @@ def _rows(workload, temperature, methods, per_rep, cost) -> list[dict]:
             "acceptance_rate": merged.acceptance_rate if merged else None,
             "tokens_per_target_call": merged.tokens_per_target_call if merged else None,
             "predicted_speedup": predicted,
+            "accepted_run_lengths": merged.run_lengths if merged else None,  # [n]: iterations accepting n drafts
         })
     return rows
 
@@ -144,14 +145,21 @@ def to_markdown(rows: list[dict]) -> str:
     def f(x, fmt="{:.2f}"):
         return "–" if x is None else fmt.format(x)
 
-    lines = ["| workload | T | method | drafter | γ | tokens/s | vs our plain | vs anchor plain | acceptance | tokens/call | predicted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | T | method | drafter | γ | tokens/s | vs our plain | vs anchor plain | acceptance | tokens/call | predicted | accepted runs (≥8 / ≥16) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
                      f"{'–' if r['gamma'] is None else r['gamma']} | {f(r['tokens_per_s'], '{:.1f}')} | "
                      f"{f(r['speedup_vs_plain'])}× | {f(r['speedup_vs_anchor_plain'])}× | {f(r['acceptance_rate'])} | "
-                     f"{f(r['tokens_per_target_call'])} | {f(r['predicted_speedup'])} |")
+                     f"{f(r['tokens_per_target_call'])} | {f(r['predicted_speedup'])} | {_long_runs(r['accepted_run_lengths'])} |")
     return "\n".join(lines)
+
+
+def _long_runs(runs: list[int] | None) -> str:
+    """Share of speculative iterations that accepted at least 8 / 16 drafts."""
+    if not runs or not sum(runs):
+        return "–"
+    return f"{sum(runs[8:]) / sum(runs):.0%} / {sum(runs[16:]) / sum(runs):.0%}"
 
 
 def plot(rows: list[dict], path: str) -> None:

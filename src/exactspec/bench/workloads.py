@@ -1,11 +1,12 @@
 """Benchmark workloads shipped with the package: `grounded` (the answer copies the prompt: edits,
-rewrites, conversions, summaries) and `chat` (open questions)."""
+rewrites, conversions, summaries), `chat` (open questions) and `edit` (apply a small change to a 150-400
+token code or prose file and return the whole file: the answer is a long copy with an edit in it)."""
 
 from __future__ import annotations
 
 from importlib import resources
 
-WORKLOADS = ("grounded", "chat")
+WORKLOADS = ("grounded", "chat", "edit")
 
 
 def load_workload(name: str) -> list[str]:

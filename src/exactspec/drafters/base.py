@@ -19,6 +19,7 @@ from ..sampling import SamplingParams
 class Proposal:
     ids: torch.Tensor  # [k] long, k may be 0
     probs: torch.Tensor | None  # [k, V] warped draft probs, or None for point masses
+    match: int = 0  # copying drafters: context tokens before the proposal that agree with its source
 
     @classmethod
     def empty(cls) -> "Proposal":
@@ -30,6 +31,7 @@ class Proposal:
 
 class Drafter(Protocol):
     name: str
+    copies: bool  # True: proposals are copies with a match length; auto γ may cut them to any prefix
 
     def propose(
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, law=None

@@ -12,6 +12,7 @@ from .base import Proposal
 
 class ModelDrafter:
     name = "model"
+    copies = False
 
     def __init__(self, model: CausalLM):
         self.model = model
