@@ -20,18 +20,10 @@ TINY_VOCAB = 8
 
 
 def tiny_llama(seed: int, vocab: int = TINY_VOCAB, sharpness: float = 8.0, layers: int = 2) -> torch.nn.Module:
-    """A random Llama whose next-token laws are far from uniform (so drafts can disagree)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A random Llama whose next-token laws are far from uniform (so drafts can disagree), on the CPU."""
+    from .device_checks import tiny_llama as tiny_llama_on
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=0)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpness)
-        model.model.embed_tokens.weight.mul_(sharpness)
-    return model
+    return tiny_llama_on(seed, "cpu", vocab, sharpness, layers)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import os
 import torch
 
 from ..errors import ExactSpecError
+from .torch_hf import crop
 
 
 def is_encoder_decoder(path: str) -> bool:
@@ -109,9 +110,4 @@ class Seq2SeqLM:
         self.forward(new_ids)
 
     def truncate(self, length: int) -> None:
-        drop = self._length - length
-        if drop < 0:
-            raise ValueError(f"cannot truncate to {length}: only {self._length} tokens cached")
-        if drop:
-            self.cache.crop(-drop)  # the self-attention half only (EncoderDecoderCache.crop)
-            self._length = length
+        self._length = crop(self.cache, self._length, length)  # cross-attention stays (see torch_hf.crop)

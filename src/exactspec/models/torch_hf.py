@@ -102,9 +102,14 @@ class HFCausalLM:
         self.forward(new_ids)
 
     def truncate(self, length: int) -> None:
-        drop = self._length - length
-        if drop < 0:
-            raise ValueError(f"cannot truncate to {length}: only {self._length} tokens cached")
-        if drop:
-            self.cache.crop(-drop)
-            self._length = length
+        self._length = crop(self.cache, self._length, length)
+
+
+def crop(cache, cached: int, length: int) -> int:
+    """Roll a transformers cache holding `cached` tokens back to `length` (transformers 5.x: `crop(-n)`
+    drops the last n; an EncoderDecoderCache crops its self-attention half only). Returns `length`."""
+    if length > cached:
+        raise ValueError(f"cannot truncate to {length}: only {cached} tokens cached")
+    if length < cached:
+        cache.crop(length - cached)
+    return length
