@@ -154,7 +154,9 @@ class CostModel:
 def measure_target(model: CausalLM, max_k: int = MAX_AUTO_GAMMA + 1, context: int = 100, reps: int = 4) -> list[float]:
     """Median seconds of a forward over k = 1..max_k new tokens on a warm cache of `context` tokens,
     measured at the k of MEASURED_K (and max_k) and interpolated linearly between them. The k values are
-    interleaved across repetitions so machine noise spreads over all of them."""
+    interleaved across repetitions so machine noise spreads over all of them. A model whose context
+    cannot hold `context` + max_k tokens is measured on a shorter warm cache."""
+    context = max(1, min(context, model.max_length - max_k - 1))
     ks = sorted({k for k in MEASURED_K if k < max_k} | {max_k})
     gen = torch.Generator().manual_seed(0)
     model.reset()
