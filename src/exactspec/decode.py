@@ -38,6 +38,11 @@ def argmax_forward(target: CausalLM, new_ids: list[int]) -> list[int]:
     return logits.argmax(-1).tolist() if logits.device.type != "cpu" else logits.numpy().argmax(-1).tolist()
 
 
+def copying(drafter: Drafter | None, gamma: int | AutoGamma, law=None) -> bool:
+    """Auto γ cuts the proposals after drafting: a copying drafter under auto, no grammar law."""
+    return isinstance(gamma, AutoGamma) and getattr(drafter, "copies", False) and law is None
+
+
 def propose(drafter: Drafter | None, gamma: int | AutoGamma, context: list[int], room: int,
             params: SamplingParams, generator: torch.Generator | None, law=None):
     """-> (proposal | None, draft ids [k], grammar-forced tokens leading them) for one iteration with at
@@ -47,8 +52,7 @@ def propose(drafter: Drafter | None, gamma: int | AutoGamma, context: list[int],
     tokens first, then the drafter."""
     if room <= 0 or (drafter is None and law is None):
         return None, [], 0
-    copying = isinstance(gamma, AutoGamma) and getattr(drafter, "copies", False) and law is None
-    if copying:
+    if copying(drafter, gamma, law):
         proposal = drafter.propose(context, min(gamma.max_gamma, room), params, generator)
         k = gamma.choose([(proposal.match, len(proposal))])
         return (proposal, proposal.ids[:k].tolist(), 0) if k > 0 else (None, [], 0)

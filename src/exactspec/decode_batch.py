@@ -23,6 +23,7 @@ import torch
 
 from .constraints import TargetLaw
 from .costmodel import AutoGamma
+from .decode import copying
 from .device import device_of
 from .drafters.base import Drafter
 from .errors import ExactSpecError
@@ -266,8 +267,8 @@ class BatchDecoder:
 
 
 def _copying(row: Row) -> bool:
-    """Auto γ cuts this row's proposals after drafting (a copying drafter, no grammar law)."""
-    return isinstance(row.gamma, AutoGamma) and getattr(row.drafter, "copies", False) and row.law is None
+    """Auto γ cuts this row's proposals after drafting (see decode.copying)."""
+    return copying(row.drafter, row.gamma, row.law)
 
 
 def _warp_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
