@@ -110,12 +110,14 @@ class DraftLawUnmaskedReported(TargetLaw):
         self.reported.append(warp(logits, self.params))
         return sampled
 
-    def propose(self, drafter, context, k, generator):
+    def forced(self, room):
         self.reported = []
-        proposal, forced = super().propose(drafter, context, k, generator)
-        if proposal is not None and proposal.probs is not None and len(self.reported) == len(proposal):
-            proposal.probs = torch.stack(self.reported)
-        return proposal, forced
+        return super().forced(room)
+
+    def join(self, forced, rest):
+        if rest is not None and rest.probs is not None and len(self.reported) == len(rest):
+            rest.probs = torch.stack(self.reported)
+        return super().join(forced, rest)
 
 
 TOP_P = SamplingParams(temperature=1.0, top_p=0.9)
@@ -152,6 +154,26 @@ def test_greedy_constrained_speculative_equals_plain(tiny_target, tiny_draft, ll
         law = TargetLaw(greedy, PROMPT, TINY_VOCAB, matcher(llg_tok, regex))
         runs.append(list(decode(tiny_target, make(), PROMPT, greedy, gamma, 12, law=law)))
     assert all(r == runs[0] for r in runs), runs
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])
+def test_forced_tokens_are_proposed_whatever_gamma(tiny_target, llg_tok, drafter):
+    """A forced run longer than γ is proposed whole (forced tokens are outside the drafter's budget),
+    also when auto γ would not speculate at all; greedy output == constrained plain."""
+    from exactspec.costmodel import AutoGamma, CostModel
+    from exactspec.stats import Stats
+
+    greedy, regex = SamplingParams(temperature=0), "[ab]cdefcdef[ab]+"
+    plain = list(decode(tiny_target, None, PROMPT, greedy, 0, 12,
+                        law=TargetLaw(greedy, PROMPT, TINY_VOCAB, matcher(llg_tok, regex))))
+    never = AutoGamma(CostModel([1.0, 100.0, 200.0], frozen=True))  # verifying 2+ tokens: never worth it
+    for gamma in (1, never):
+        stats = Stats()
+        make = PromptLookupDrafter if drafter == "prompt-lookup" else lambda: None
+        out = list(decode(tiny_target, make(), PROMPT, greedy, gamma, 12, stats=stats,
+                          law=TargetLaw(greedy, PROMPT, TINY_VOCAB, matcher(llg_tok, regex))))
+        assert out == plain
+        assert stats.forced >= 7 and stats.forced_accepted == stats.forced and stats.target_calls <= 5  # γ = 1: 9+
 
 
 class CheckedLaw(TargetLaw):

@@ -81,8 +81,8 @@ def test_llama_cpp_prompt_lookup_anchor_is_greedy_identical(engine):
     ref = reference(engine, ids, 64)
     assert llamacpp_generate(llama, ids, GREEDY, 64, 0, engine.target.eos_token_ids) == ref
     methods = llamacpp_methods(engine, prompt_lookup=False)
-    n, seconds, stats = methods[0].run(ids, GREEDY, 8, 0)
-    assert methods[0].method == "llamacpp-plain" and n == 8 and seconds > 0 and stats is None
+    out, seconds, stats = methods[0].run(ids, GREEDY, 8, 0)
+    assert methods[0].method == "llamacpp-plain" and out == ref[:8] and seconds > 0 and stats is None
 
 
 def test_tokenizer_agrees_with_llama_cpp(engine):

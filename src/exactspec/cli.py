@@ -124,8 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", metavar="PATH", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     bench.add_argument("--draft-model", metavar="PATH", help="also bench a draft model (ours and HF assisted generation)")
     bench.add_argument("--workloads", default="grounded,chat",
-                       help="comma list of grounded, chat, edit, agent (multi-turn tool-use transcripts replayed step by "
-                            "step: per-step latency with and without the prefix cache; --prompts = transcripts)")
+                       help="comma list of grounded, chat, edit, json (extraction and tool-call prompts, each under its "
+                            "JSON schema: constrained plain decoding is the baseline, plus unconstrained plain and "
+                            "speculation on grammar-forced tokens alone, drafter none), agent (multi-turn tool-use "
+                            "transcripts replayed step by step: per-step latency with and without the prefix cache; "
+                            "--prompts = transcripts)")
     bench.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
                        help="prefix cache budget of the agent workload's cached rows (default 1024)")
     bench.add_argument("--temperatures", default="0,1", help="comma list (default 0,1)")
@@ -265,8 +268,9 @@ def _floats(text: str) -> list[float]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .bench.runner import build_methods, plot, run_bench, to_markdown
-    from .bench.workloads import WORKLOADS
+    from .bench.runner import build_methods, methods_for, plot, run_bench, to_markdown
+    from .bench.workloads import load_cases
+    from .bench.workloads import CONSTRAINED, WORKLOADS
 
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
@@ -290,8 +294,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     hf_draft = engine.draft_model.module if engine.draft_model is not None and args.backend == "torch" else None
     if args.draft_model:
         engine.draft = "model"
-    methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft, args.backend)
-    total = len(methods) * len(workloads) * len(temperatures) * prompts * reps
+    methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft, args.backend,
+                            constrained=any(w in CONSTRAINED for w in workloads))
+    total = sum(len(methods_for(methods, w in CONSTRAINED)) * min(prompts, len(load_cases(w))) for w in workloads) \
+        * len(temperatures) * reps
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
         rows = run_bench(engine, methods, workloads, temperatures, prompts, reps, max_new, bar) if workloads else []
     agent_rows = _bench_agent(engine, args, drafters, gammas, temperatures, prompts, reps) if agent else []

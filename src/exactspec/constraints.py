@@ -26,10 +26,12 @@ min(1, P_i(d_i)/Q_i(d_i)) and on rejection draws from norm(max(0, P_i - Q_i)). H
   position is a plain bonus position, so cutting the proposal at its first invalid token changes no
   law. For a stochastic draft the residual norm(max(0, P_i - Q_i)) differs from P_i, so such drafts are
   kept whole (positions after an invalid draft are never reached; their laws are placeholders);
-* grammar-forced tokens (the grammar allows exactly one continuation) are drafts with Q = point mass;
-  when the masked law allows only that token, P_i = 1 there and the draft is accepted surely. Another
-  drafter then continues from c + forced with its own Q: any proposal mechanism is exact as long as
-  each draft's Q is the law it was drawn from given everything before it.
+* grammar-forced tokens (the grammar allows exactly one continuation TEXT; we propose its canonical
+  tokens) are drafts with Q = point mass; where the masked law allows only that token, P_i = 1 and the
+  draft is accepted surely, elsewhere (another tokenization of the same text is allowed) it is accepted
+  with P_i(d_i), like any point-mass draft. Another drafter then continues from c + forced with its own
+  Q: any proposal mechanism is exact as long as each draft's Q is the law it was drawn from given
+  everything before it.
 * the matcher advances only along accepted tokens: to score a window it consumes the valid drafts,
   reads a mask after each, and rolls back; after verification it consumes the emitted tokens (always
   valid: they were sampled from masked laws). Tokens are validated before they are consumed, since
@@ -145,7 +147,7 @@ class Matcher:
     """An llguidance matcher kept at the accepted prefix; reads masks along a draft window and rolls back."""
 
     def __init__(self, llg_tok, grammar: str, vocab_size: int):
-        self.m = _llg().LLMatcher(llg_tok, grammar, log_level=0)
+        self.m, self.tok = _llg().LLMatcher(llg_tok, grammar, log_level=0), llg_tok
         if self.m.is_error():
             raise ExactSpecError(f"invalid grammar: {self.m.get_error()}")
         self.vocab_size = vocab_size
@@ -180,7 +182,17 @@ class Matcher:
         return n
 
     def forced(self) -> list[int]:
-        return [] if self.m.is_stopped() else list(self.m.compute_ff_tokens())
+        """The text the grammar forces next, as the tokenizer's canonical tokens (JSON keys, punctuation,
+        schema constants). llguidance's own forced tokens are the part no later byte can re-tokenize:
+        `{"name` of `{"name":"`, whose `":"` might still merge with the value's first bytes. The
+        canonical tokens of all the forced bytes are what a model trained on canonical tokenization
+        emits nearly always; as point-mass drafts they stay exact whatever the target picks."""
+        if self.m.is_stopped():
+            return []
+        sure = list(self.m.compute_ff_tokens())
+        text = self.m.compute_ff_bytes()
+        canonical = list(self.tok.tokenize_bytes(text)) if text else []
+        return canonical if canonical[: len(sure)] == sure else sure
 
     def commit(self, tokens: list[int]) -> None:
         if self.valid_prefix(tokens) != len(tokens):
@@ -265,15 +277,19 @@ class TargetLaw:
         return self.matcher is None and self.penalties is None and self.top_logprobs is None
 
     # --- proposing --------------------------------------------------------------------------
-    def propose(self, drafter: Drafter | None, context: list[int], k: int,
-                generator: torch.Generator | None) -> tuple[Proposal | None, int]:
-        """Grammar-forced tokens first (point masses), then `drafter` continues from context + forced;
-        point-mass proposals are cut at their first token outside the grammar. -> (proposal, forced)."""
-        forced = self.matcher.forced()[:k] if self.matcher is not None and k > 0 else []
-        rest = None
-        if drafter is not None and k > len(forced):
-            rest = drafter.propose(context + forced, k - len(forced), self.params, generator, law=self)
-            rest = rest if rest is not None and len(rest) else None
+    def forced(self, room: int) -> list[int]:
+        """The tokens the grammar forces next (at most `room`; see Matcher.forced): point-mass drafts the
+        target's masked law accepts surely or nearly, proposed whatever γ is (γ budgets the drafter
+        that continues from them)."""
+        forced = self.matcher.forced()[:room] if self.matcher is not None and room > 0 else []
+        self.forced_proposed += len(forced)
+        self._last_forced = len(forced)
+        return forced
+
+    def join(self, forced: list[int], rest: Proposal | None) -> Proposal | None:
+        """Forced tokens, then the drafter's proposal `rest` (drafted from context + forced with
+        `law=self`); a point-mass proposal is cut at its first token outside the grammar."""
+        rest = rest if rest is not None and len(rest) else None
         if not forced:
             proposal = rest
         elif rest is None:
@@ -281,16 +297,13 @@ class TargetLaw:
         else:
             probs = None
             if rest.probs is not None:
-                one_hot = torch.nn.functional.one_hot(torch.tensor(forced), rest.probs.shape[-1]).float()
+                one_hot = torch.nn.functional.one_hot(torch.tensor(forced), rest.probs.shape[-1]).to(rest.probs)
                 probs = torch.cat([one_hot, rest.probs])
-            proposal = Proposal(torch.cat([torch.tensor(forced, dtype=torch.long), rest.ids[: k - len(forced)]]),
-                                probs)
+            proposal = Proposal(torch.cat([torch.tensor(forced, dtype=torch.long), rest.ids]), probs, rest.match)
         if proposal is not None and proposal.probs is None and self.matcher is not None:
             valid = self.matcher.valid_prefix(proposal.ids.tolist())
-            proposal = Proposal(proposal.ids[:valid], None) if valid else None
-        self.forced_proposed += len(forced)
-        self._last_forced = len(forced)
-        return proposal, len(forced)
+            proposal = Proposal(proposal.ids[:valid], None, proposal.match) if valid else None
+        return proposal
 
     def draft_probs(self, logits: torch.Tensor, prefix: list[int]) -> torch.Tensor:
         """A draft model's law [V] at the position after `prefix` (context + drafts so far): its logits

@@ -16,7 +16,7 @@ import torch
 from .costmodel import AutoGamma
 from .constraints import TargetLaw
 from .device import device_of
-from .drafters.base import Drafter
+from .drafters.base import Drafter, Proposal
 from .errors import ExactSpecError
 from .models.base import CausalLM
 from .models.prefix_cache import prefill_prompt, remember
@@ -38,31 +38,40 @@ def argmax_forward(target: CausalLM, new_ids: list[int]) -> list[int]:
     return logits.argmax(-1).tolist() if logits.device.type != "cpu" else logits.numpy().argmax(-1).tolist()
 
 
-def copying(drafter: Drafter | None, gamma: int | AutoGamma, law=None) -> bool:
-    """Auto γ cuts the proposals after drafting: a copying drafter under auto, no grammar law."""
-    return isinstance(gamma, AutoGamma) and getattr(drafter, "copies", False) and law is None
+def copying(drafter: Drafter | None, gamma: int | AutoGamma) -> bool:
+    """Auto γ cuts the proposals after drafting: a copying drafter under auto."""
+    return isinstance(gamma, AutoGamma) and getattr(drafter, "copies", False)
+
+
+def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
+          generator: torch.Generator | None, law: TargetLaw | None = None) -> tuple[Proposal | None, int]:
+    """-> (proposal | None, how many grammar-forced tokens lead it). With a law: the tokens the grammar
+    forces (sure drafts, at most `room`, outside the drafter's budget), then up to k of the drafter's
+    from there."""
+    if law is None:
+        proposal = drafter.propose(context, min(k, room), params, generator) if drafter is not None and k > 0 else None
+        return (proposal if proposal is not None and len(proposal) else None), 0
+    forced = law.forced(room)
+    k = min(k, room - len(forced))
+    proposal = law.join(forced, drafter.propose(context + forced, k, params, generator, law=law)
+                        if drafter is not None and k > 0 else None)
+    return (proposal if proposal is not None and len(proposal) else None), len(forced)
 
 
 def propose(drafter: Drafter | None, gamma: int | AutoGamma, context: list[int], room: int,
-            params: SamplingParams, generator: torch.Generator | None, law=None):
+            params: SamplingParams, generator: torch.Generator | None, law: TargetLaw | None = None):
     """-> (proposal | None, draft ids [k], grammar-forced tokens leading them) for one iteration with at
-    most `room` drafts. A fixed γ, or auto's γ for drafters that sample, is chosen before drafting; a
-    copying drafter under auto (no grammar law) proposes as much as auto may use and auto keeps the
-    prefix its match length makes worth verifying. With a law (constraints.py), it proposes: forced
-    tokens first, then the drafter."""
-    if room <= 0 or (drafter is None and law is None):
+    most `room` drafts. γ = 0 is plain decoding (no drafts, forced or not). A fixed γ, or auto's γ for
+    drafters that sample, is chosen before drafting; a copying drafter under auto proposes as much as
+    auto may use and auto keeps the prefix its match length makes worth verifying."""
+    if room <= 0 or (not isinstance(gamma, AutoGamma) and gamma <= 0) or (drafter is None and law is None):
         return None, [], 0
-    if copying(drafter, gamma, law):
-        proposal = drafter.propose(context, min(gamma.max_gamma, room), params, generator)
-        k = gamma.choose([(proposal.match, len(proposal))])
-        return (proposal, proposal.ids[:k].tolist(), 0) if k > 0 else (None, [], 0)
-    k = min(gamma.next_gamma() if isinstance(gamma, AutoGamma) else gamma, room)
-    if k <= 0:
-        return None, [], 0
-    proposal, forced = law.propose(drafter, context, k, generator) if law is not None else (
-        drafter.propose(context, k, params, generator), 0)
-    drafts = proposal.ids[:k].tolist() if proposal is not None else []  # k' <= k tokens
-    return proposal, drafts, forced
+    k = gamma.max_gamma if copying(drafter, gamma) else gamma.next_gamma() if isinstance(gamma, AutoGamma) else gamma
+    proposal, forced = draft(drafter, k, context, room, params, generator, law)
+    if proposal is not None and copying(drafter, gamma):
+        proposal = proposal.head(forced + gamma.choose([(proposal.match, len(proposal) - forced)]))
+    drafts = proposal.ids.tolist() if proposal is not None else []
+    return (proposal if drafts else None), drafts, forced
 
 
 def decode(
@@ -140,10 +149,10 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         stats.verify_s += t_done - t_verify
         if isinstance(gamma, AutoGamma):
             gamma.observe_step(len(feed), t_done - t_verify)
-        if drafter is not None and drafts:
-            drafter.observe(len(drafts), n)
+        if drafter is not None and len(drafts) > forced:  # the drafter's own part (after the forced tokens)
+            drafter.observe(len(drafts) - forced, max(0, n - forced))
             if isinstance(gamma, AutoGamma):
-                gamma.observe(len(drafts), n, t_verify - t, proposal.match)
+                gamma.observe(len(drafts) - forced, max(0, n - forced), t_verify - t, proposal.match)
 
         emitted = emitted[: max_new_tokens - produced]
         eos_at = next((i for i, tok in enumerate(emitted) if stop_on_eos and tok in target.eos_token_ids), None)

@@ -23,7 +23,7 @@ import torch
 
 from .constraints import TargetLaw
 from .costmodel import AutoGamma
-from .decode import copying
+from .decode import copying, draft
 from .device import device_of
 from .drafters.base import Drafter
 from .errors import ExactSpecError
@@ -196,43 +196,41 @@ class BatchDecoder:
             self.rows = [rows[j] for j in order]
 
     def _draft(self, rows: list[Row], room: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None, int]], list[int]]:
-        """Every row's drafts (ids, probs, grammar-forced count) and match lengths. A fixed γ, or auto's
-        γ for drafters that sample (asked once per policy), is chosen before drafting; rows of copying
-        drafters under auto (no grammar law) propose all auto may use, then each policy picks one width
-        for its rows, priced by T(B, width + 1) for the whole batch."""
+        """Every row's drafts (ids, probs, grammar-forced count) and match lengths, as decode.propose
+        makes them for one row: grammar-forced tokens first (outside γ), then the drafter. A fixed γ, or
+        auto's γ for drafters that sample (asked once per policy), is chosen before drafting; rows of
+        copying drafters under auto propose all auto may use, then each policy picks one width of the
+        drafter's part for its rows, priced by T(B, width + 1) for the whole batch."""
         proposals, wants = [], {}
         for row in rows:
             cap = min(row.max_new_tokens - row.produced - 1, room - 1)
-            if (row.drafter is None and row.law is None) or cap <= 0:
-                k = 0
-            elif _copying(row):
-                k = min(row.gamma.max_gamma, cap)
+            if cap <= 0 or (not isinstance(row.gamma, AutoGamma) and row.gamma <= 0):
+                proposals.append((None, 0))
+                continue
+            if copying(row.drafter, row.gamma):
+                k = row.gamma.max_gamma
             elif isinstance(row.gamma, AutoGamma):
                 if id(row.gamma) not in wants:
                     wants[id(row.gamma)] = row.gamma.next_gamma(len(rows))
-                k = min(wants[id(row.gamma)], cap)
+                k = wants[id(row.gamma)]
             else:
-                k = min(row.gamma, cap)
-            if k <= 0:
-                proposals.append((None, 0, 0))
-            elif row.law is not None:
-                proposals.append((*row.law.propose(row.drafter, row.context, k, row.generator), k))
-            else:
-                proposals.append((row.drafter.propose(row.context, k, row.params, row.generator), 0, k))
+                k = row.gamma
+            proposals.append(draft(row.drafter, k, row.context, cap, row.params, row.generator, row.law))
         widths = {}  # per copying policy
-        for row, (proposal, _, _) in zip(rows, proposals):
-            if _copying(row):
+        for row, (proposal, forced) in zip(rows, proposals):
+            if copying(row.drafter, row.gamma):
                 widths.setdefault(id(row.gamma), (row.gamma, []))[1].append(
-                    (proposal.match, len(proposal)) if proposal is not None else (None, 0))
+                    (proposal.match, len(proposal) - forced) if proposal is not None else (None, 0))
         widths = {key: policy.choose(members, len(rows)) for key, (policy, members) in widths.items()}
         drafts, matches = [], []
-        for row, (proposal, forced, k) in zip(rows, proposals):
-            k = widths[id(row.gamma)] if _copying(row) else k
-            if proposal is None or k <= 0 or len(proposal) == 0:
+        for row, (proposal, forced) in zip(rows, proposals):
+            if proposal is not None and copying(row.drafter, row.gamma):
+                proposal = proposal.head(forced + widths[id(row.gamma)])
+            if proposal is None or len(proposal) == 0:
                 drafts.append((torch.zeros(0, dtype=torch.long), None, 0))
                 matches.append(0)
             else:
-                drafts.append((proposal.ids[:k], None if proposal.probs is None else proposal.probs[:k], forced))
+                drafts.append((proposal.ids, proposal.probs, forced))
                 matches.append(proposal.match)
         return drafts, matches
 
@@ -244,10 +242,10 @@ class BatchDecoder:
         if emitted is None:
             emitted = self.verifier(ids.tolist(), probs, target_probs[0, : k + 1], row.generator)
         n = len(emitted) - 1
-        if row.drafter is not None and k:
-            row.drafter.observe(k, n)
+        if row.drafter is not None and k > forced:  # the drafter's own part (after the forced tokens)
+            row.drafter.observe(k - forced, max(0, n - forced))
             if isinstance(row.gamma, AutoGamma):
-                row.gamma.observe(k, n, match=match)
+                row.gamma.observe(k - forced, max(0, n - forced), match=match)
         keep = len(row.context) + n
         emitted = emitted[: row.max_new_tokens - row.produced]
         eos = self.target.eos_token_ids if self.stop_on_eos else ()
@@ -265,10 +263,6 @@ class BatchDecoder:
                     or len(row.context) >= self.target.max_length)
         return keep, emitted
 
-
-def _copying(row: Row) -> bool:
-    """Auto γ cuts this row's proposals after drafting (see decode.copying)."""
-    return copying(row.drafter, row.gamma, row.law)
 
 
 def _warp_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -20,6 +20,7 @@ defaults (no flash attention) even its own prompt lookup drifts from its own pla
 
 from __future__ import annotations
 
+import json
 import time
 
 from ..engine import Engine
@@ -38,15 +39,16 @@ def sampler_kwargs(params: SamplingParams) -> dict:
 
 
 def llamacpp_generate(llama, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, seed: int,
-                      eos_token_ids: set[int], stop_on_eos: bool = True) -> list[int]:
+                      eos_token_ids: set[int], stop_on_eos: bool = True, grammar=None) -> list[int]:
     """Generated ids from llama-cpp-python's own generation loop, stopping after EOS (unless not
-    `stop_on_eos`: the bench's fixed-length runs) or max_new_tokens."""
+    `stop_on_eos`: the bench's fixed-length runs) or max_new_tokens; under llama.cpp's own `grammar`
+    (a LlamaGrammar) if given."""
     llama.reset()  # n_tokens = 0: no reuse of a prefix cached by an earlier run (or by LlamaCppLM)
     llama.set_seed(seed)
     out: list[int] = []
     if max_new_tokens <= 0:
         return out
-    gen = llama.generate(prompt_ids, reset=True, **sampler_kwargs(params))
+    gen = llama.generate(prompt_ids, reset=True, grammar=grammar, **sampler_kwargs(params))
     for token in gen:
         out.append(int(token))
         if (stop_on_eos and token in eos_token_ids) or len(out) >= max_new_tokens:
@@ -55,19 +57,31 @@ def llamacpp_generate(llama, prompt_ids: list[int], params: SamplingParams, max_
     return out
 
 
-def _anchor(name: str, llama, eos: set[int], drafter: str | None, gamma: int | None) -> Method:
-    def run(prompt_ids, params, max_new_tokens, seed):
+def _anchor(name: str, llama, eos: set[int], drafter: str | None, gamma: int | None, constrains: bool = False) -> Method:
+    def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
         t = time.perf_counter()
-        n = len(llamacpp_generate(llama, prompt_ids, params, max_new_tokens, seed, eos, stop_on_eos=params.greedy))
-        return n, time.perf_counter() - t, None
+        grammar = json_schema_grammar(response_format) if response_format else None  # built inside the timing
+        ids = llamacpp_generate(llama, prompt_ids, params, max_new_tokens, seed, eos, stop_on_eos=params.greedy,
+                                grammar=grammar)
+        return ids, time.perf_counter() - t, None
 
-    return Method(name, drafter, gamma, run)
+    return Method(name, drafter, gamma, run, constrains=constrains)
+
+
+def json_schema_grammar(response_format: dict):
+    """An OpenAI json_schema response_format -> llama.cpp's own grammar (GBNF) for it. Its JSON allows
+    free whitespace (ours is compact), so at T = 0 its outputs may differ from ours."""
+    from llama_cpp import LlamaGrammar
+
+    schema = response_format.get("json_schema", {}).get("schema", {"type": "object"})
+    return LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
 
 
 def llamacpp_plain_method(engine: Engine) -> Method:
-    """llama.cpp plain decoding on the target's own context (same threads, same n_ctx)."""
+    """llama.cpp plain decoding on the target's own context (same threads, same n_ctx); under
+    llama.cpp's own grammar on constrained workloads."""
     target = _target(engine)
-    return _anchor("llamacpp-plain", target.llama, target.eos_token_ids, None, None)
+    return _anchor("llamacpp-plain", target.llama, target.eos_token_ids, None, None, constrains=True)
 
 
 def prompt_lookup_llama(target: LlamaCppLM, num_pred_tokens: int = PROMPT_LOOKUP_TOKENS):

@@ -6,7 +6,13 @@ ratio is taken within a repetition, then the median over repetitions: the machin
 At T = 0 every method stops at the same EOS (greedy identity). At T > 0 each method samples its own
 continuation, so runs are fixed-length there (EOS does not stop them): with EOS stopping the lengths
 differ at random while the prompt's prefill, the same for all, is spread over them, and on long
-grounded prompts that noise (±20%) swamped the methods' speeds."""
+grounded prompts that noise (±20%) swamped the methods' speeds.
+
+Constrained workloads (`json`: each prompt has a JSON schema) run every method that can honour a
+constraint under it: our plain constrained decoding is the baseline there, `exactspec-plain-unconstrained`
+(the same prompts, no grammar) shows what the constraint costs, and drafter `none` is speculation on
+grammar-forced tokens alone. Rows add the share of emitted tokens the grammar forced and the share of
+outputs that parse and follow their schema. Anchors without a grammar engine (HF generate) are skipped there."""
 
 from __future__ import annotations
 
@@ -17,32 +23,39 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import Engine
+from ..engine import Engine, GenerationResult
 from ..sampling import SamplingParams
 from ..stats import Stats, total
-from .workloads import load_workload
+from .workloads import CONSTRAINED, load_cases, schema_valid
 
-RunFn = Callable[[list[int], SamplingParams, int, int], tuple[int, float, Stats | None]]
+# (prompt_ids, params, max_new_tokens, seed, response_format | None) -> (generated ids, seconds, stats)
+RunFn = Callable[[list[int], SamplingParams, int, int, dict | None], tuple[list[int], float, Stats | None]]
 
 
 @dataclass
 class Method:
-    method: str  # exactspec-plain | exactspec-spec | hf-plain | hf-prompt-lookup | hf-assisted
+    method: str  # exactspec-plain | exactspec-spec | exactspec-plain-unconstrained | hf-* | llamacpp-*
     drafter: str | None
     gamma: int | str | None
-    run: RunFn  # (prompt_ids, params, max_new_tokens, seed) -> (tokens, seconds, stats)
+    run: RunFn
+    constrains: bool = False  # honours a case's response_format (else: not run on constrained workloads)
+    only_constrained: bool = False  # a row of constrained workloads alone
 
 
-def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str) -> Method:
-    def run(prompt_ids, params, max_new_tokens, seed):
-        stats = Stats()
+def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, constrained: bool = True) -> Method:
+    """Our decoding loop; under a constrained workload's schema unless not `constrained`."""
+    def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
+        stats, result = Stats(), GenerationResult("", [], prompt_ids, "length")
         t = time.perf_counter()
-        n = sum(1 for _ in engine.stream_ids(prompt_ids, params, max_new_tokens, gamma, seed, stats, drafter or "none",
-                                             stop_on_eos=params.greedy))
-        return n, time.perf_counter() - t, stats
+        law = engine.make_law(result, params, response_format=response_format if constrained else None)
+        ids = list(engine.stream_ids(prompt_ids, params, max_new_tokens, gamma, seed, stats, drafter or "none",
+                                     stop_on_eos=params.greedy, law=law))
+        return ids, time.perf_counter() - t, stats
 
+    if not constrained:
+        return Method("exactspec-plain-unconstrained", None, 0, run, constrains=True, only_constrained=True)
     name = "exactspec-plain" if gamma == 0 else "exactspec-spec"
-    return Method(name, drafter if gamma != 0 else None, gamma, run)
+    return Method(name, drafter if gamma != 0 else None, gamma, run, constrains=True)
 
 
 def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
@@ -51,7 +64,7 @@ def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
     # generate returns prompt + new tokens; an encoder-decoder's, the decoder's start + new tokens
     start = len(engine.target.decoder_prompt) if engine.is_encoder_decoder else None
 
-    def run(prompt_ids, params, max_new_tokens, seed):
+    def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
         torch.manual_seed(seed)
         kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos if params.greedy else None,
                       pad_token_id=eos[0] if eos else 0,
@@ -62,7 +75,7 @@ def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
         t = time.perf_counter()
         with torch.inference_mode():
             out = module.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        return out.shape[1] - (len(prompt_ids) if start is None else start), time.perf_counter() - t, None
+        return out[0, len(prompt_ids) if start is None else start:].tolist(), time.perf_counter() - t, None
 
     gamma = generate_kwargs.get("prompt_lookup_num_tokens")
     drafter = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "model"}.get(method)
@@ -70,10 +83,17 @@ def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
 
 
 def build_methods(engine: Engine, drafters: list[str], gammas: list[int], auto: bool, hf: bool,
-                  hf_draft_module=None, backend: str = "torch") -> list[Method]:
+                  hf_draft_module=None, backend: str = "torch", constrained: bool = False) -> list[Method]:
     """Our plain decoding first (every ratio's baseline), then our speculative rows, then the anchors
-    a user would pick instead: HF generate on the torch backend, llama-cpp-python's on llama.cpp."""
+    a user would pick instead: HF generate on the torch backend, llama-cpp-python's on llama.cpp.
+    With `constrained` workloads among the run's: also our unconstrained plain decoding and
+    speculation on grammar-forced tokens alone (drafter `none`), for those workloads."""
     methods = [exactspec_method(engine, None, 0)]
+    if constrained:
+        methods.append(exactspec_method(engine, None, 0, constrained=False))
+        for m in [exactspec_method(engine, "none", g) for g in gammas] + ([exactspec_method(engine, "none", "auto")] if auto else []):
+            m.only_constrained = True
+            methods.append(m)
     for drafter in drafters:
         methods += [exactspec_method(engine, drafter, g) for g in gammas]
         if auto:
@@ -95,34 +115,60 @@ def run_bench(engine: Engine, methods: list[Method], workloads: list[str], tempe
     cost = {m.drafter: engine.cost_model(m.drafter) for m in methods if m.method == "exactspec-spec"}
     rows = []
     for workload in workloads:
-        prompt_ids = [engine.encode(p) for p in load_workload(workload)[:prompts_per_workload]]
+        cases = load_cases(workload)[:prompts_per_workload]
+        constrained = any(c.response_format for c in cases)
+        chosen = methods_for(methods, constrained)
+        prompt_ids = [engine.encode(c.prompt) for c in cases]
         for temperature in temperatures:
             params = SamplingParams(temperature=temperature)
-            per_rep: list[list[tuple[int, float, Stats | None]]] = []
+            per_rep: list[list[Run]] = []
             for rep in range(reps):
-                order = methods[rep % len(methods):] + methods[: rep % len(methods)]
-                results = {id(m): [] for m in methods}
-                for i, ids in enumerate(prompt_ids):
+                order = chosen[rep % len(chosen):] + chosen[: rep % len(chosen)]
+                results = {id(m): [] for m in chosen}
+                for i, (ids, case) in enumerate(zip(prompt_ids, cases)):
                     for m in order:
-                        results[id(m)].append(m.run(ids, params, max_new_tokens, 1000 * rep + i))
+                        out, seconds, stats = m.run(ids, params, max_new_tokens, 1000 * rep + i, case.response_format)
+                        valid = None
+                        if case.response_format and m.method != "exactspec-plain-unconstrained":
+                            valid = schema_valid(engine.tokenizer.decode(out, skip_special_tokens=True),
+                                                 case.response_format)
+                        results[id(m)].append(Run(len(out), seconds, stats, valid))
                         if progress is not None:
                             progress.update(1)
-                per_rep.append([_total(results[id(m)]) for m in methods])
-            rows += _rows(workload, temperature, methods, per_rep, cost)
+                per_rep.append([_total(results[id(m)]) for m in chosen])
+            rows += _rows(workload, temperature, chosen, per_rep, cost, constrained)
     return rows
 
 
-def _total(runs: list[tuple[int, float, Stats | None]]) -> tuple[int, float, Stats | None]:
-    stats = None if runs[0][2] is None else total(r[2] for r in runs)
-    return sum(r[0] for r in runs), sum(r[1] for r in runs), stats
+def methods_for(methods: list[Method], constrained: bool) -> list[Method]:
+    """The methods that run on a (constrained) workload."""
+    if constrained:
+        return [m for m in methods if m.constrains]
+    return [m for m in methods if not m.only_constrained]
 
 
-def _rows(workload, temperature, methods, per_rep, cost) -> list[dict]:
-    tps = [[n / s for n, s, _ in rep] for rep in per_rep]  # [rep][method]
+@dataclass
+class Run:
+    tokens: int
+    seconds: float
+    stats: Stats | None
+    valid: float | None  # share of outputs that follow their schema (constrained workloads)
+
+
+def _total(runs: list[Run]) -> Run:
+    stats = None if runs[0].stats is None else total(r.stats for r in runs)
+    valid = [r.valid for r in runs if r.valid is not None]
+    return Run(sum(r.tokens for r in runs), sum(r.seconds for r in runs), stats,
+               sum(valid) / len(valid) if valid else None)
+
+
+def _rows(workload, temperature, methods, per_rep, cost, constrained=False) -> list[dict]:
+    tps = [[r.tokens / r.seconds for r in rep] for rep in per_rep]  # [rep][method]
     anchor = next((i for i, m in enumerate(methods) if m.method in ("hf-plain", "llamacpp-plain")), None)
     rows = []
     for j, m in enumerate(methods):
-        merged = None if per_rep[0][j][2] is None else total(rep[j][2] for rep in per_rep)
+        merged = None if per_rep[0][j].stats is None else total(rep[j].stats for rep in per_rep)
+        valid = [rep[j].valid for rep in per_rep if rep[j].valid is not None]
         predicted = None
         if m.method == "exactspec-spec" and isinstance(m.gamma, int) and merged.alpha is not None:
             predicted = cost[m.drafter].predicted_speedup(merged.alpha, m.gamma)
@@ -137,14 +183,39 @@ def _rows(workload, temperature, methods, per_rep, cost) -> list[dict]:
             "tokens_per_target_call": merged.tokens_per_target_call if merged else None,
             "predicted_speedup": predicted,
             "accepted_run_lengths": merged.run_lengths if merged else None,  # [n]: iterations accepting n drafts
+            "constrained": constrained and m.method != "exactspec-plain-unconstrained",
+            "forced_share": merged.forced_accepted / merged.emitted if merged and merged.emitted else None,
+            "valid_share": statistics.mean(valid) if valid else None,
         })
     return rows
 
 
-def to_markdown(rows: list[dict]) -> str:
-    def f(x, fmt="{:.2f}"):
-        return "–" if x is None else fmt.format(x)
+def _f(x, fmt="{:.2f}") -> str:
+    return "–" if x is None else fmt.format(x)
 
+
+def to_markdown(rows: list[dict]) -> str:
+    """One table for free-text workloads, one for constrained ones (forced share, schema-valid share)."""
+    free = [r for r in rows if r["workload"] not in CONSTRAINED]
+    constrained = [r for r in rows if r["workload"] in CONSTRAINED]
+    return "\n\n".join(t for t in (_free_table(free) if free else "",
+                                     _constrained_table(constrained) if constrained else "") if t)
+
+
+def _constrained_table(rows: list[dict]) -> str:
+    f = _f
+    lines = ["| workload | T | method | drafter | γ | tokens/s | vs our plain constrained | vs anchor plain | "
+             "tokens/call | forced share | schema-valid |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
+                     f"{'–' if r['gamma'] is None else r['gamma']} | {f(r['tokens_per_s'], '{:.1f}')} | "
+                     f"{f(r['speedup_vs_plain'])}× | {f(r['speedup_vs_anchor_plain'])}× | "
+                     f"{f(r['tokens_per_target_call'])} | {f(r['forced_share'])} | {f(r['valid_share'], '{:.0%}')} |")
+    return "\n".join(lines)
+
+
+def _free_table(rows: list[dict]) -> str:
+    f = _f
     lines = ["| workload | T | method | drafter | γ | tokens/s | vs our plain | vs anchor plain | acceptance | tokens/call | predicted | accepted runs (≥8 / ≥16) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -28,6 +28,10 @@ class Proposal:
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
+    def head(self, n: int) -> "Proposal":
+        """The first n tokens."""
+        return Proposal(self.ids[:n], None if self.probs is None else self.probs[:n], self.match)
+
 
 class Drafter(Protocol):
     name: str
