@@ -141,3 +141,7 @@ def test_tokens_within_counts_tokens_whose_text_is_released(tokenizer):
         assert "\ufffd" not in released and text.text[:safe].startswith(released)
         assert n == i + 1 or "\ufffd" in tokenizer.decode(ids[: n + 1])  # the next token's text is not complete
     assert text.tokens_within(len(text.text)) == len(ids)
+    text.add(tokenizer.eos_token_id)  # no text: it counts with the text after it, here none
+    assert text.tokens_within(len(text.text)) == len(ids)
+    text.add(tokenizer.encode("!", add_special_tokens=False)[0])
+    assert text.tokens_within(len(text.text)) == len(ids) + 2

@@ -15,6 +15,7 @@ from .test_server import MODEL, _running
 from .test_server_structured import TIME, WEATHER, WEATHER_PROMPT
 
 STORY = [{"role": "user", "content": "Write one sentence about a cat named Tom."}]
+EMOJI = [{"role": "user", "content": "Reply with three party emojis."}]  # 🌟: three byte-level tokens
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 AUTO_PROMPT = [{"role": "user", "content": "Reply with <tool_call> to get the weather in Paris."}]
 
@@ -33,9 +34,11 @@ def _entries(lp) -> list[tuple]:
             for e in lp.content]
 
 
-@pytest.mark.parametrize("stop", [None, [" coat and"]])
-def test_chat_logprobs_stream_equal_non_streamed(api, stop):
-    kwargs = dict(model=MODEL, messages=STORY, max_tokens=16, temperature=0, logprobs=True, top_logprobs=2,
+@pytest.mark.parametrize("messages,stop", [(STORY, None), (STORY, [" coat and"]), (EMOJI, None)],
+                         ids=["plain", "stop", "multibyte"])
+def test_chat_logprobs_stream_equal_non_streamed(api, embedded, messages, stop):
+    kwargs = dict(model=MODEL, messages=messages, max_tokens=40 if messages is STORY else 16, temperature=0,
+                  logprobs=True, top_logprobs=2,
                   stop=stop, extra_body={"gamma": 4})
     whole = api.client.chat.completions.create(**kwargs).choices[0]
     chunks = list(api.client.chat.completions.create(stream=True, **kwargs))
@@ -43,14 +46,21 @@ def test_chat_logprobs_stream_equal_non_streamed(api, stop):
     for chunk in chunks:
         choice = chunk.choices[0]
         entries = _entries(choice.logprobs) if choice.logprobs else []
-        if choice.delta.content:  # a text chunk carries exactly its tokens (ASCII output: token texts add up)
-            assert "".join(e[0] for e in entries) == choice.delta.content
+        if choice.delta.content:  # a text chunk carries exactly its tokens
+            if messages is EMOJI:  # each character spans several tokens (each decoding to U+FFFD alone):
+                assert "\ufffd" not in text  # a partial character waits (but the last one, cut by length)
+                if "\ufffd" not in choice.delta.content:
+                    assert len(entries) == len(embedded.tokenizer.encode(choice.delta.content, add_special_tokens=False))
+            else:
+                assert "".join(e[0] for e in entries) == choice.delta.content
             text += choice.delta.content
         else:  # the role chunk carries none; the finish chunk only tokens whose text is never sent
             assert not entries or choice.finish_reason
         streamed += entries
     assert text == whole.message.content and chunks[-1].choices[0].finish_reason == whole.finish_reason
     assert streamed == _entries(whole.logprobs) and len(streamed) > 3
+    if messages is STORY and not stop:  # EOS adds no text: its entry comes on the finish chunk
+        assert whole.finish_reason == "stop" and len(chunks[-1].choices[0].logprobs.content) == 1
     if stop:  # " coat" is held back (it may start the stop string), then the stop string's tokens are
         # reported as in the non-streamed response, on the finish chunk
         assert whole.finish_reason == "stop" and whole.message.content.endswith("fluffy")

@@ -62,15 +62,18 @@ class IncrementalText:
                     self.committed += self.pending
                     self.pending = ""
                     self.prefix, self.read = self.read, len(self.ids)
-        if not self.pending.endswith("\ufffd"):  # the tokens added since the last complete character end here
-            self.ends += [len(self.text)] * (len(self.ids) - len(self.ends))
+        if not self.pending.endswith("\ufffd") and len(self.text) > (self.ends[-1] if self.ends else 0):
+            self.ends += [len(self.text)] * (len(self.ids) - len(self.ends))  # tokens since the last complete character
         if self.stops and self.stop_at < 0:
             self._find_stop()
 
     def tokens_within(self, length: int) -> int:
-        """How many of `ids` (a prefix) have their whole text within `text[:length]`; all of them once
-        `length` covers the whole text (a trailing partial character included)."""
-        return len(self.ids) if length >= len(self.text) else bisect_right(self.ends, length)
+        """How many of `ids` (a prefix) have their whole text within `text[:length]`. Tokens that add no
+        text (EOS, skipped special tokens) count with the text after them, so trailing ones not at all;
+        a trailing partial character counts once `length` covers it (the final flush of a cut output)."""
+        if length >= len(self.text) and self.pending.endswith("\ufffd"):
+            return len(self.ids)
+        return bisect_right(self.ends, length)
 
     def _find_stop(self) -> None:
         text = self.text

@@ -84,9 +84,8 @@ class CallReader:
             elif not TAG.startswith(self.text):
                 self.free = True
         if self.free:
-            out.append(("content", self.text[self.sent:]))
-            self.sent = len(self.text)
-            return [d for d in out if d[1]]
+            piece, self.sent = self.text[self.sent:], len(self.text)
+            return [("content", piece)] if piece else []
         if self.name is None and self.body is not None and (m := _NAME.match(self.text, self.body)):
             self.name, self.head = json.loads(m.group(1)), m.end()
         if self.name is not None and not self.started:

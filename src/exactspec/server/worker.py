@@ -73,17 +73,23 @@ class _Slot:
 
     def send(self, text: str, final: bool = False) -> None:
         """Emit `text` (the next released characters) with the entries of the tokens it completes;
-        `final`: the job is complete, every remaining entry goes."""
-        result = self.job.result
+        `final`: the job is complete, the entries of the tokens whose text is never sent follow alone."""
         self.sent += len(text)
-        entries = None
-        if result.logprobs is not None:
-            done = len(result.token_ids) if final or result.detokenizer is None else \
-                result.detokenizer.tokens_within(self.sent)
-            done = max(self.tokens_sent, min(done, len(result.logprobs)))  # entries are appended as tokens commit
-            entries, self.tokens_sent = result.logprobs[self.tokens_sent:done], done
+        detok = self.job.result.detokenizer
+        entries = self._entries(detok.tokens_within(self.sent) if detok is not None else 0)
         if text or entries:
             self.emit(("piece", Piece(text, entries)))
+        if final and (rest := self._entries(len(self.job.result.token_ids))):
+            self.emit(("piece", Piece("", rest)))
+
+    def _entries(self, upto: int) -> list[dict] | None:
+        """The logprob entries of tokens [tokens_sent, upto), now counted as sent; None without logprobs."""
+        logprobs = self.job.result.logprobs
+        if logprobs is None:
+            return None
+        upto = max(self.tokens_sent, min(upto, len(logprobs)))  # entries are appended as tokens commit
+        entries, self.tokens_sent = logprobs[self.tokens_sent:upto], upto
+        return entries
 
 
 class Worker:
