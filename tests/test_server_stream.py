@@ -14,8 +14,9 @@ from exactspec.server.tools import CallReader, plan_tools
 from .test_server import MODEL, _running
 from .test_server_structured import TIME, WEATHER, WEATHER_PROMPT
 
-STORY = [{"role": "user", "content": "Write one sentence about a cat named Tom."}]
-EMOJI = [{"role": "user", "content": "Reply with three party emojis."}]  # 🌟: three byte-level tokens
+STORY = [{"role": "user", "content": "Repeat this sentence exactly: Tom was a mischievous cat with a fluffy coat "
+                                    "and a curious mind."}]  # copied: prompt-lookup drafts are accepted
+EMOJI = [{"role": "user", "content": "Reply with emojis only: 🎉🚀🎉🚀"}]  # each emoji: three byte-level tokens
 TRICKY = '{"city":"Pa\\"}ris","x":[1,{"a":"]"}]}'  # an escaped quote, braces inside strings, nesting
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 AUTO_PROMPT = [{"role": "user", "content": "Reply with <tool_call> to get the weather in Paris."}]
@@ -41,7 +42,9 @@ def test_chat_logprobs_stream_equal_non_streamed(api, embedded, messages, stop):
     kwargs = dict(model=MODEL, messages=messages, max_tokens=40 if messages is STORY else 16, temperature=0,
                   logprobs=True, top_logprobs=2,
                   stop=stop, extra_body={"gamma": 4})
-    whole = api.client.chat.completions.create(**kwargs).choices[0]
+    response = api.client.chat.completions.create(**kwargs)
+    assert response.model_extra["speculative"]["accepted"] > 0  # speculation at work, drafts accepted
+    whole = response.choices[0]
     chunks = list(api.client.chat.completions.create(stream=True, **kwargs))
     streamed, text = [], ""
     for chunk in chunks:
@@ -70,9 +73,12 @@ def test_chat_logprobs_stream_equal_non_streamed(api, embedded, messages, stop):
 
 
 def test_completion_logprobs_stream_equal_non_streamed(api):
-    kwargs = dict(model=MODEL, prompt="The capital of France is", max_tokens=10, temperature=0, logprobs=2,
+    kwargs = dict(model=MODEL, prompt="one two three four five one two three four five one two",
+                  max_tokens=10, temperature=0, logprobs=2,
                   extra_body={"gamma": 4})
-    whole = api.client.completions.create(**kwargs).choices[0].logprobs
+    response = api.client.completions.create(**kwargs)
+    assert response.model_extra["speculative"]["accepted"] > 0
+    whole = response.choices[0].logprobs
     lists = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for chunk in api.client.completions.create(stream=True, **kwargs):
         lp = chunk.choices[0].logprobs
