@@ -128,3 +128,20 @@ def test_long_generation_costs_no_more_per_token_at_the_end(tokenizer, tiny_targ
     first, last = costs[:100], costs[-100:]
     for k in (0, 1):
         assert sum(c[k] for c in last) <= 1.5 * sum(c[k] for c in first) + 100
+
+
+def test_tokens_within_counts_tokens_whose_text_is_released(tokenizer):
+    ids = tokenizer.encode("ok 🎉 café, done", add_special_tokens=False)
+    text = IncrementalText(tokenizer)
+    for i, token in enumerate(ids):
+        text.add(token)
+        safe = text.safe_length(final=False)
+        n = text.tokens_within(safe)
+        released = tokenizer.decode(ids[:n])
+        assert "\ufffd" not in released and text.text[:safe].startswith(released)
+        assert n == i + 1 or "\ufffd" in tokenizer.decode(ids[: n + 1])  # the next token's text is not complete
+    assert text.tokens_within(len(text.text)) == len(ids)
+    text.add(tokenizer.eos_token_id)  # no text: it counts with the text after it, here none
+    assert text.tokens_within(len(text.text)) == len(ids)
+    text.add(tokenizer.encode("!", add_special_tokens=False)[0])
+    assert text.tokens_within(len(text.text)) == len(ids) + 2

@@ -1,5 +1,5 @@
 """Structured output through the server with the official `openai` client: parse() into a pydantic
-model, tool calls (named / required / auto, streamed and not), logprobs equal to the non-speculative
+model, tool calls (named / required / auto, streamed and not; streaming in detail: test_server_stream.py), logprobs equal to the non-speculative
 run's, penalties, and the 4xx answers to bad constraints -- all before any generation."""
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ def test_named_tool_call(api, stream):
         assert choice.message.content is None
     else:
         chunks = list(api.client.chat.completions.create(stream=True, **kwargs))
-        calls = [c for ch in chunks for choice in ch.choices for c in (choice.delta.tool_calls or [])]
+        deltas = [c for ch in chunks for choice in ch.choices for c in (choice.delta.tool_calls or [])]
+        calls = deltas[:1]  # the call's header, then its arguments as fragments (tests/test_server_stream.py)
+        calls[0].function.arguments = "".join(d.function.arguments for d in deltas)
         finish = [choice.finish_reason for ch in chunks for choice in ch.choices if choice.finish_reason][0]
     assert finish == "tool_calls" and len(calls) == 1
     assert calls[0].function.name == "get_weather"

@@ -10,9 +10,13 @@ decodes to U+FFFD until the rest of its bytes arrive). `text` is always exactly
 `tokenizer.decode(ids, skip_special_tokens=True)`: tokenizers whose decoding rewrites text across token
 boundaries (`clean_up_tokenization_spaces`) are decoded whole, as before, because no window is exact for them.
 Stop strings are searched only in text not yet searched (minus the longest stop's length).
+`tokens_within(n)` says how many tokens have their whole text in the first n characters (which
+tokens a streamed piece of text carries: the server sends their logprobs with it).
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
 
 
 class IncrementalText:
@@ -28,6 +32,7 @@ class IncrementalText:
         self.prefix, self.read = 0, 0  # ids[prefix:read]: the last committed piece, decoded again as context
         self.scanned = 0  # committed characters already searched for stop strings
         self.stop_at = -1  # index of the first stop-string hit in `text`, -1 if none
+        self.ends: list[int] = []  # ends[i]: len(text) once token i's text is complete (no partial character)
         self.decoded_chars = 0  # characters produced by tokenizer.decode (the cost the tests bound)
         self.scanned_chars = 0  # characters searched for stop strings
 
@@ -57,8 +62,18 @@ class IncrementalText:
                     self.committed += self.pending
                     self.pending = ""
                     self.prefix, self.read = self.read, len(self.ids)
+        if not self.pending.endswith("\ufffd") and len(self.text) > (self.ends[-1] if self.ends else 0):
+            self.ends += [len(self.text)] * (len(self.ids) - len(self.ends))  # tokens since the last complete character
         if self.stops and self.stop_at < 0:
             self._find_stop()
+
+    def tokens_within(self, length: int) -> int:
+        """How many of `ids` (a prefix) have their whole text within `text[:length]`. Tokens that add no
+        text (EOS, skipped special tokens) count with the text after them, so trailing ones not at all;
+        a trailing partial character counts once `length` covers it (the final flush of a cut output)."""
+        if length >= len(self.text) and self.pending.endswith("\ufffd"):
+            return len(self.ids)
+        return bisect_right(self.ends, length)
 
     def _find_stop(self) -> None:
         text = self.text

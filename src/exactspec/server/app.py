@@ -24,6 +24,7 @@ from ..sampling import SamplingParams
 from .metrics import Metrics
 from .responses import Shapes, error_body, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .streaming import StreamedChoice
 from .tools import ToolPlan, plan_tools
 from .worker import Job, Worker
 
@@ -166,15 +167,14 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         metrics.running.inc()
         status = CLIENT_CLOSED  # until [DONE] is on its way
         try:
-            for index in range(len(jobs)):
-                yield sse(shapes.chunk(index, first=True))
+            choices = [StreamedChoice(shapes, index) for index in range(len(jobs))]
+            for choice in choices:
+                for chunk in choice.start():
+                    yield sse(chunk)
             async for index, piece in worker.generate_all(jobs):  # the samples' pieces, interleaved
-                if piece is None:
-                    if shapes.tools is not None:  # a tool call is sent whole, once it is complete
-                        yield sse(shapes.tool_chunk(index, jobs[index].result))
-                    yield sse(shapes.chunk(index, finish_reason=shapes.finish_reason(jobs[index].result)))
-                elif shapes.tools is None:
-                    yield sse(shapes.chunk(index, piece))
+                choice = choices[index]
+                for chunk in choice.finish(jobs[index].result) if piece is None else choice.piece(piece):
+                    yield sse(chunk)
             if body.include_usage:
                 yield sse(shapes.usage_chunk(len(jobs[0].result.prompt_token_ids), [job.result for job in jobs]))
             status = 200

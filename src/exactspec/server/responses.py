@@ -89,19 +89,17 @@ class Shapes:
     def finish_reason(self, r: GenerationResult) -> str:
         return "tool_calls" if self.tools is not None and self.read(r)[1] else r.finish_reason
 
-    def tool_chunk(self, index: int, r: GenerationResult) -> dict:
-        """The delta that carries a tool request's whole output: its tool calls, or its text."""
-        content, calls = self.read(r)
-        delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else {"content": content}
-        choice = {"index": index, "logprobs": None, "finish_reason": None, "delta": delta}
-        return self._envelope("chat.completion.chunk", [choice])
-
     def logprobs(self, r: GenerationResult) -> dict | None:
-        """OpenAI's logprobs object (chat: `content` entries; completions: parallel lists) or None.
+        """OpenAI's logprobs object of a whole result, or None (no logprobs asked for).
         Log-probabilities are the target's raw law (log-softmax of its logits, before any warp or mask)."""
         if r.logprobs is None or self.token_text is None:
             return None
-        entries = r.logprobs[: len(r.token_ids)]
+        return self.logprob_object(r.logprobs[: len(r.token_ids)])
+
+    def logprob_object(self, entries: list[dict], offset: int = 0) -> dict:
+        """OpenAI's logprobs object for `entries` (`GenerationResult.logprobs` items): chat, `content`
+        entries; completions, parallel lists whose `text_offset` starts at `offset` (a stream's chunks
+        continue where the previous one ended)."""
         text = self.token_text
         if self.chat:
             def item(token, lp):
@@ -110,16 +108,18 @@ class Shapes:
             return {"content": [{**item(e["token"], e["logprob"]), "top_logprobs": [item(t, lp) for t, lp in e["top"]]}
                                 for e in entries], "refusal": None}
         tokens = [text(e["token"]) for e in entries]
-        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
         return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [{text(t): lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
 
-    def chunk(self, index: int, text: str = "", finish_reason: str | None = None, first: bool = False) -> dict:
-        """A stream chunk for choice `index`: the first one of a chat choice also carries the role."""
-        choice = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+    def chunk(self, index: int, text: str = "", finish_reason: str | None = None, first: bool = False,
+              logprobs: dict | None = None, tool_call: dict | None = None) -> dict:
+        """A stream chunk for choice `index`: the first one of a chat choice also carries the role;
+        `tool_call`: a chat delta's `tool_calls` item instead of content."""
+        choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice["delta"] = delta
+            choice["delta"] = {"tool_calls": [tool_call]} if tool_call is not None else delta
             return self._envelope("chat.completion.chunk", [choice])
         choice["text"] = text
         return self._envelope("text_completion", [choice])

@@ -5,11 +5,16 @@ a system prompt that shows the model its tools, and the reading of the output as
     {"type": "function", "function": {"name": N}} -> output = N's arguments (JSON, its parameters schema)
     "required"                        -> output = {"name": one of the tools, "arguments": {...}}
     "auto" (the default with tools)   -> free text, or TAG followed by such a call
+
+A call's `arguments` string is the model's own text of the arguments value (compact JSON, see
+JSON_OPTIONS), read by `CallReader` as it is generated: the non-streamed answer and the streamed
+argument deltas are the same characters.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -28,20 +33,129 @@ class ToolPlan:
 
     def read(self, text: str, done: bool) -> tuple[str | None, list[dict] | None]:
         """The generated text -> (message content, tool_calls); a call cut short (max_tokens) stays text."""
-        if self.mode == "named":
-            return (None, [_call(self.names[0], text)]) if done else (text, None)
-        body = text[len(TAG):] if self.mode == "auto" and text.startswith(TAG) else text
-        if self.mode == "auto" and not text.startswith(TAG):
-            return text, None
+        reader = CallReader(self)
+        reader.feed(text)
+        if done and reader.complete():
+            return None, [{"id": call_id(), "type": "function",
+                           "function": {"name": reader.name, "arguments": reader.arguments}}]
+        return text, None
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+# {"name":"N","arguments": -- the head of a call (required / auto); JSON_OPTIONS makes it compact
+_NAME = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+
+
+class CallReader:
+    """Reads a tool request's output as it grows (`feed` the released text) into what a stream sends:
+    ("content", text) -- free text (auto without TAG), ("call", name) -- a call to `name` starts,
+    ("arguments", fragment) -- the next characters of its arguments value. Named: the call starts at
+    once and the whole output is the arguments. Required / auto: the call starts once its name is
+    complete, and the arguments are the characters of the value after `"arguments":` (its closing brace
+    ends them; the outer one is not theirs). Nothing is sent while it is undecided (a prefix of TAG, the
+    head before the name is complete); `flush` hands such held text back as content."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan, self.text = plan, ""
+        self.name = plan.names[0] if plan.mode == "named" else None
+        self.body: int | None = None if plan.mode == "auto" else 0  # where the call's JSON starts in text
+        self.start: int | None = 0 if plan.mode == "named" else None  # where the arguments value starts
+        self.end: int | None = None  # where it ends (required / auto), once closed
+        self.head = 0  # where the name ends (required / auto)
+        self.sent = 0  # characters of text handed out
+        self.free = False  # auto answered in text
+        self.started = False  # ("call", name) was handed out
+        self._value = _ValueEnd()
+
+    @property
+    def arguments(self) -> str:
+        return "" if self.start is None else self.text[self.start:self.end]
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        self.text += piece
+        out: list[tuple[str, str]] = []
+        if self.body is None and not self.free:  # auto: a call begins with TAG, text begins otherwise
+            if self.text.startswith(TAG):
+                self.body = len(TAG)
+            elif not TAG.startswith(self.text):
+                self.free = True
+        if self.free:
+            piece, self.sent = self.text[self.sent:], len(self.text)
+            return [("content", piece)] if piece else []
+        if self.name is None and self.body is not None and (m := _NAME.match(self.text, self.body)):
+            self.name, self.head = json.loads(m.group(1)), m.end()
+        if self.name is not None and not self.started:
+            self.started = True
+            out.append(("call", self.name))
+        if self.start is None and self.name is not None and (m := _ARGUMENTS.match(self.text, self.head)):
+            self.start = self.sent = m.end()
+        if self.start is not None:
+            if self.plan.mode != "named" and self.end is None:
+                end = self._value.feed(self.text, max(self.sent, self.start))
+                self.end = end if end >= 0 else None
+            stop = len(self.text) if self.end is None else self.end
+            if stop > self.sent:
+                out.append(("arguments", self.text[self.sent:stop]))
+                self.sent = stop
+        return out
+
+    def flush(self) -> list[tuple[str, str]]:
+        """At the end of the output: held text that never became a call, as content."""
+        if self.started or self.sent >= len(self.text):
+            return []
+        held, self.sent = self.text[self.sent:], len(self.text)
+        return [("content", held)]
+
+    def complete(self) -> bool:
+        """A whole call: its arguments (and, required / auto, the whole call object) are valid JSON."""
+        if self.name is None or self.start is None:
+            return False
         try:
-            call = json.loads(body)
-            return None, [_call(call["name"], json.dumps(call["arguments"]))]
-        except (ValueError, KeyError, TypeError):
-            return text, None
+            json.loads(self.arguments if self.plan.mode == "named" else self.text[self.body:])
+            return self.plan.mode == "named" or self.end is not None
+        except ValueError:
+            return False
 
 
-def _call(name: str, arguments: str) -> dict:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+class _ValueEnd:
+    """Where a JSON value ends, found incrementally (strings and nesting tracked across calls)."""
+
+    def __init__(self) -> None:
+        self.depth, self.in_string, self.escaped, self.begun = 0, False, False, False
+
+    def feed(self, text: str, i: int) -> int:
+        """Scan text[i:] (the value began at or before i); the index just past the value, or -1."""
+        for i in range(i, len(text)):
+            c = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        return i + 1
+            elif c == '"':
+                self.in_string = self.begun = True
+            elif c in "{[":
+                self.depth += 1
+                self.begun = True
+            elif c in "}]":
+                if self.depth == 0:  # the end of a scalar: the enclosing object closes
+                    return i
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+            elif c == "," and self.depth == 0 and self.begun:
+                return i
+            elif not c.isspace():
+                self.begun = True
+        return -1
 
 
 def plan_tools(tools: list | None, tool_choice) -> ToolPlan | None:

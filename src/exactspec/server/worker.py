@@ -1,7 +1,8 @@
 """The one thread that runs the model: requests are served first come, first served, as rows of one batch.
 
 The engine is not thread-safe and the event loop must never run the model, so a single worker
-thread owns the engine. Each job is one sample; its text pieces travel back to the event loop via
+thread owns the engine. Each job is one sample; its text pieces (each with the logprob entries of the
+tokens whose text it completes, when the job asked for logprobs) travel back to the event loop via
 `loop.call_soon_threadsafe` into an `asyncio.Queue` owned by the request.
 
 Continuous batching: the worker decodes every job it holds as a row of one batch (one target
@@ -49,14 +50,46 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass
+class Piece:
+    """Released text of one sample, and the logprob entries (`GenerationResult.logprobs` items) of the
+    tokens whose text ends within it; None without logprobs. The last piece of a finished job carries
+    the entries of the tokens whose text is never sent (EOS, the tokens of a stop string)."""
+
+    text: str
+    logprobs: list[dict] | None = None
+
+
 @dataclass(eq=False)
 class _Slot:
-    """A job in the worker's hands: where its events go and how much of its text was sent."""
+    """A job in the worker's hands: where its events go, how much of its text and how many of its
+    tokens' logprob entries were sent."""
 
     job: Job
     emit: Emit
     sent: int = 0
+    tokens_sent: int = 0
     closed: bool = False  # its last event ("done" or "error") is sent
+
+    def send(self, text: str, final: bool = False) -> None:
+        """Emit `text` (the next released characters) with the entries of the tokens it completes;
+        `final`: the job is complete, the entries of the tokens whose text is never sent follow alone."""
+        self.sent += len(text)
+        detok = self.job.result.detokenizer
+        entries = self._entries(detok.tokens_within(self.sent) if detok is not None else 0)
+        if text or entries:
+            self.emit(("piece", Piece(text, entries)))
+        if final and (rest := self._entries(len(self.job.result.token_ids))):
+            self.emit(("piece", Piece("", rest)))
+
+    def _entries(self, upto: int) -> list[dict] | None:
+        """The logprob entries of tokens [tokens_sent, upto), now counted as sent; None without logprobs."""
+        logprobs = self.job.result.logprobs
+        if logprobs is None:
+            return None
+        upto = max(self.tokens_sent, min(upto, len(logprobs)))  # entries are appended as tokens commit
+        entries, self.tokens_sent = logprobs[self.tokens_sent:upto], upto
+        return entries
 
 
 class Worker:
@@ -96,12 +129,12 @@ class Worker:
         """Queue `job` and yield its text pieces; `job.result` is complete when this ends normally.
         Leaving early (break, exception, task cancellation) cancels the job."""
         async for _, piece in self.generate_all([job]):
-            if piece is not None:
-                yield piece
+            if piece is not None and piece.text:
+                yield piece.text
 
-    async def generate_all(self, jobs: list[Job]) -> AsyncIterator[tuple[int, str | None]]:
+    async def generate_all(self, jobs: list[Job]) -> AsyncIterator[tuple[int, Piece | None]]:
         """Queue `jobs` together (a request's samples: they join the same batch) and yield
-        (index, text piece) as pieces arrive, and (index, None) once job `index` is complete. The
+        (index, Piece) as pieces arrive, and (index, None) once job `index` is complete. The
         first job error is raised here; leaving early cancels the jobs that are not finished."""
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
@@ -174,6 +207,8 @@ class Worker:
         except Exception as e:  # delivered to this job's request only
             self._close(slot, ("error", e))
         else:
+            if not self._cancelled(slot.job):
+                slot.send("", final=True)
             self._close(slot, ("done", None))
 
     def _run(self, slot: _Slot) -> None:
@@ -188,7 +223,7 @@ class Worker:
                 if self._cancelled(job):
                     cancelled = True
                     break
-                slot.emit(("piece", piece))
+                slot.send(piece)
         finally:
             pieces.close()
         self.metrics.observe_generation(job.result, cancelled)
@@ -257,9 +292,7 @@ class Worker:
             row.cancelled = True
             self._close(slot, ("error", e))
             return
-        if piece:
-            slot.sent += len(piece)
-            slot.emit(("piece", piece))
+        slot.send(piece, final=stopped or row.done)
         if stopped or row.done:
             row.cancelled = True
             self._end(slot, cancelled=False)
