@@ -145,15 +145,27 @@ def test_negative_control_mask_without_drafts_is_detected(tiny_target, fast, llg
     assert not follows(counts, law)
 
 
+class MasksEverywhere(TargetLaw):
+    """The reference for greedy: every position's law from its full mask (no raw-argmax shortcut)."""
+
+    greedy_fast = False
+
+
 @pytest.mark.parametrize("regex", [REGEX, "(ab|cd)*ef", "a[b-f]{2,4}c?"])
 def test_greedy_constrained_speculative_equals_plain(tiny_target, tiny_draft, llg_tok, regex):
+    """Greedy under a grammar: plain and speculative (forced, draft model, prompt lookup) through the
+    masked-argmax shortcut == plain with a full mask at every position."""
     greedy = SamplingParams(temperature=0)
+    reference = list(decode(tiny_target, None, PROMPT, greedy, 0, 12,
+                            law=MasksEverywhere(greedy, PROMPT, TINY_VOCAB, matcher(llg_tok, regex))))
     runs = []
     for make, gamma in [(lambda: None, 0), (lambda: None, 3), (lambda: ModelDrafter(tiny_draft), 3),
                         (PromptLookupDrafter, 4)]:
         law = TargetLaw(greedy, PROMPT, TINY_VOCAB, matcher(llg_tok, regex))
         runs.append(list(decode(tiny_target, make(), PROMPT, greedy, gamma, 12, law=law)))
-    assert all(r == runs[0] for r in runs), runs
+    assert all(r == reference for r in runs), (reference, runs)
+    free = list(decode(tiny_target, None, PROMPT, greedy, 0, 12))
+    assert free != reference  # the grammar changed the greedy path (its raw argmax was refused somewhere)
 
 
 @pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])

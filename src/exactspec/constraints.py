@@ -329,6 +329,33 @@ class TargetLaw:
             x = x.masked_fill(~mask, float("-inf"))
         return warp(x, self.params)
 
+    @property
+    def greedy_fast(self) -> bool:
+        """Greedy without penalties: `greedy` may skip the masks wherever the target's own argmax is allowed."""
+        return self.params.greedy and self.penalties is None
+
+    def greedy(self, logits: torch.Tensor, drafts: list[int]) -> list[int]:
+        """Greedy verification under a grammar (no penalties): logits [k+1, V] of the window -> the
+        emitted tokens (accepted drafts, then the next masked argmax). The masked argmax IS the raw
+        argmax whenever the grammar allows that token (it is the maximum over all tokens, hence over
+        the allowed ones; ties resolve to the same first index), so the [V] mask is computed only at
+        positions whose raw argmax the grammar refuses: one token check instead of a mask per position."""
+        self._raw = logits
+        raw = logits.argmax(-1).tolist()
+        emitted, consumed = [], 0
+        for j, token in enumerate(raw):
+            if self.matcher is not None and self.matcher.valid_prefix([token]) != 1:
+                allowed = self.matcher.mask()[: logits.shape[-1]].to(logits.device)
+                token = int(logits[j, : len(allowed)].masked_fill(~allowed, float("-inf")).argmax())
+            emitted.append(token)
+            if j == len(drafts) or token != drafts[j]:
+                break
+            if self.matcher is not None:
+                consumed += self.matcher._consume([token])
+        if consumed:
+            self.matcher.m.rollback(consumed)
+        return emitted
+
     def _penalise(self, x: torch.Tensor, drafts: list[int], offset: int) -> torch.Tensor:
         pen = self.penalties
         counts, seen = self._counts.clone(), self._seen.clone()

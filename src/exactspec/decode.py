@@ -133,6 +133,8 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         trivial = law is None or law.trivial
         if params.greedy and verifier in (verify, verify_on_device) and not lenient and trivial:  # no [k'+1, V] arrays
             emitted = accept_greedy(drafts, argmax_forward(target, feed))
+        elif params.greedy and verifier in (verify, verify_on_device) and not lenient and law is not None and law.greedy_fast:
+            emitted = law.greedy(target.forward(torch.tensor([feed]))[0], drafts)  # masks only where needed
         elif params.greedy and verifier is verify and law is None:  # lenient greedy compares the un-warped target law
             emitted = accept_greedy_lenient(drafts, target.forward(torch.tensor([feed]))[0].softmax(-1).cpu(),
                                             params.lenience)

@@ -170,16 +170,19 @@ class BatchDecoder:
         policy = next((r.gamma for r in rows if isinstance(r.gamma, AutoGamma)), None)
         if policy is not None:  # T(B, k) is the target's: one observation serves every policy
             policy.observe_step(width, seconds, len(rows))
+        greedy = {}  # rows verified by their law's greedy fast path (masks only where needed)
         for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
-            if row.law is not None and not row.law.trivial:
+            if row.law is not None and row.law.greedy_fast and self.verifier is verify:
+                greedy[j] = row.law.greedy(logits[j, : len(ids) + 1], ids.tolist())
+            elif row.law is not None and not row.law.trivial:
                 target_probs[j, : len(ids) + 1] = row.law.probs(logits[j, : len(ids) + 1], ids.tolist())
         on_device = self.verifier is verify and device_of(self.target).type != "cpu"
         verified = _verify_on_device(rows, drafts, target_probs) if on_device else None
 
         keep_lengths, still = [], []
         for j, (row, (ids, probs, forced)) in enumerate(zip(rows, drafts)):
-            keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1], forced,
-                                         None if verified is None else verified[j], matches[j])
+            done = greedy.get(j, None if verified is None else verified[j])
+            keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1], forced, done, matches[j])
             keep_lengths.append(keep)
             yield row, emitted
             if not row.done and not row.cancelled:

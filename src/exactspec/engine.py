@@ -154,11 +154,12 @@ class Engine:
 
     def drafting(self, gamma: int | str | None = None, draft: str | None = None) -> tuple[Drafter | None, int | AutoGamma]:
         """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over this
-        engine's cost model and learned acceptance for "auto" (γ = 0, or no drafter, means plain decoding)."""
+        engine's cost model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, means
+        plain decoding)."""
         gamma = self.gamma if gamma is None else check_gamma(gamma)
         drafter = self.make_drafter(draft) if gamma != 0 else None
-        if gamma == "auto":
-            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft)) if drafter is not None else 0
+        if gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
+            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft)) if drafter is not None else 1
         return drafter, gamma
 
     @property

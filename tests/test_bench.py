@@ -1,0 +1,52 @@
+"""The side-by-side bench's constrained workload (`json`): shipped cases with schemas, the rows it adds
+(unconstrained plain, forced-only speculation), greedy identity across its constrained rows, and the
+forced / schema-valid shares it reports."""
+
+from __future__ import annotations
+
+from exactspec.bench.runner import build_methods, methods_for, run_bench, to_markdown
+from exactspec.bench.workloads import WORKLOADS, load_cases, load_workload, schema_valid
+from exactspec.constraints import grammar_from_spec
+from exactspec.sampling import SamplingParams
+
+
+def test_json_workload_is_shipped_data():
+    cases = load_cases("json")
+    assert "json" in WORKLOADS and len(cases) >= 6
+    for case in cases:
+        assert case.prompt and grammar_from_spec(case.response_format)  # strict schemas llguidance compiles
+    assert load_workload("json") == [c.prompt for c in cases]
+    assert all(c.response_format is None for c in load_cases("grounded"))
+    schema = cases[0].response_format
+    assert not schema_valid('{"name": "x"}', schema) and not schema_valid("not json", schema)
+
+
+def test_constrained_rows_decode_the_same_tokens(embedded):
+    methods = build_methods(embedded, ["prompt-lookup"], [4], auto=False, hf=True, constrained=True)
+    on_json = methods_for(methods, constrained=True)
+    assert [(m.method, m.drafter) for m in on_json] == [
+        ("exactspec-plain", None), ("exactspec-plain-unconstrained", None), ("exactspec-spec", "none"),
+        ("exactspec-spec", "prompt-lookup")]  # HF generate has no grammar: not run on json
+    assert "exactspec-plain-unconstrained" not in [m.method for m in methods_for(methods, constrained=False)]
+    case = load_cases("json")[2]  # a tool call: many forced tokens, values copied from the prompt
+    ids = embedded.encode(case.prompt)
+    greedy = SamplingParams(temperature=0)
+    out = {(m.method, m.drafter): m.run(ids, greedy, 120, 0, case.response_format) for m in on_json}
+    constrained = [v for k, v in out.items() if k[0] != "exactspec-plain-unconstrained"]
+    assert all(o[0] == constrained[0][0] for o in constrained)  # greedy identity under the grammar
+    assert schema_valid(embedded.tokenizer.decode(constrained[0][0], skip_special_tokens=True), case.response_format)
+    forced_only = out[("exactspec-spec", "none")][2]
+    assert forced_only.forced_accepted > 10 and forced_only.tokens_per_target_call > 1.2
+
+
+def test_json_rows(embedded):
+    methods = build_methods(embedded, [], [4], auto=False, hf=False, constrained=True)
+    rows = run_bench(embedded, methods, ["json"], [0.0], prompts_per_workload=1, reps=1, max_new_tokens=96)
+    by = {(r["method"], r["drafter"]): r for r in rows}
+    plain, free, forced = by[("exactspec-plain", None)], by[("exactspec-plain-unconstrained", None)], \
+        by[("exactspec-spec", "none")]
+    assert plain["constrained"] and not free["constrained"] and plain["valid_share"] == 1.0
+    assert free["valid_share"] is None and plain["forced_share"] == 0 and forced["forced_share"] > 0.1
+    assert forced["speedup_vs_plain"] > 0 and forced["tokens_per_target_call"] > 1
+    table = to_markdown(rows)
+    assert "schema-valid" in table and "forced share" in table
