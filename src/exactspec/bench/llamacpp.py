@@ -27,7 +27,7 @@ from ..engine import Engine
 from ..errors import ExactSpecError
 from ..models.llama_cpp import LlamaCppLM, _import, make_llama
 from ..sampling import SamplingParams
-from .runner import Method, exactspec_method
+from .runner import Method, exactspec_method, stops_at_eos
 
 PROMPT_LOOKUP_TOKENS = 10
 
@@ -61,8 +61,8 @@ def _anchor(name: str, llama, eos: set[int], drafter: str | None, gamma: int | N
     def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
         t = time.perf_counter()
         grammar = json_schema_grammar(response_format) if response_format else None  # built inside the timing
-        ids = llamacpp_generate(llama, prompt_ids, params, max_new_tokens, seed, eos, stop_on_eos=params.greedy,
-                                grammar=grammar)
+        ids = llamacpp_generate(llama, prompt_ids, params, max_new_tokens, seed, eos,
+                                stop_on_eos=stops_at_eos(params, response_format), grammar=grammar)
         return ids, time.perf_counter() - t, None
 
     return Method(name, drafter, gamma, run, constrains=constrains)

@@ -6,7 +6,8 @@ ratio is taken within a repetition, then the median over repetitions: the machin
 At T = 0 every method stops at the same EOS (greedy identity). At T > 0 each method samples its own
 continuation, so runs are fixed-length there (EOS does not stop them): with EOS stopping the lengths
 differ at random while the prompt's prefill, the same for all, is spread over them, and on long
-grounded prompts that noise (±20%) swamped the methods' speeds.
+grounded prompts that noise (±20%) swamped the methods' speeds. Constrained cases stop at EOS at every
+temperature: the schema ends them (after it, only EOS is allowed).
 
 Constrained workloads (`json`: each prompt has a JSON schema) run every method that can honour a
 constraint under it: our plain constrained decoding is the baseline there, `exactspec-plain-unconstrained`
@@ -42,6 +43,11 @@ class Method:
     only_constrained: bool = False  # a row of constrained workloads alone
 
 
+def stops_at_eos(params: SamplingParams, response_format: dict | None) -> bool:
+    """T = 0, or a constrained case (its schema ends the output): runs stop at EOS; else fixed length."""
+    return params.greedy or response_format is not None
+
+
 def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, constrained: bool = True) -> Method:
     """Our decoding loop; under a constrained workload's schema unless not `constrained`."""
     def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
@@ -49,7 +55,7 @@ def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, cons
         t = time.perf_counter()
         law = engine.make_law(result, params, response_format=response_format if constrained else None)
         ids = list(engine.stream_ids(prompt_ids, params, max_new_tokens, gamma, seed, stats, drafter or "none",
-                                     stop_on_eos=params.greedy, law=law))
+                                     stop_on_eos=stops_at_eos(params, response_format), law=law))
         return ids, time.perf_counter() - t, stats
 
     if not constrained:
