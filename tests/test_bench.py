@@ -15,7 +15,7 @@ def test_json_workload_is_shipped_data():
     assert "json" in WORKLOADS and len(cases) >= 6
     for case in cases:
         assert case.prompt and grammar_from_spec(case.response_format)  # strict schemas llguidance compiles
-    assert load_workload("json") == [c.prompt for c in cases]
+    assert load_workload("json") == [c.prompt for c in cases] and all(c.max_new_tokens for c in cases)
     assert all(c.response_format is None for c in load_cases("grounded"))
     schema = cases[0].response_format
     assert not schema_valid('{"name": "x"}', schema) and not schema_valid("not json", schema)
@@ -48,5 +48,6 @@ def test_json_rows(embedded):
     assert plain["constrained"] and not free["constrained"] and plain["valid_share"] == 1.0
     assert free["valid_share"] is None and plain["forced_share"] == 0 and forced["forced_share"] > 0.1
     assert forced["speedup_vs_plain"] > 0 and forced["tokens_per_target_call"] > 1
+    assert plain["decode_ms_per_token"] > 0 and free["decode_ms_per_token"] > 0
     table = to_markdown(rows)
     assert "schema-valid" in table and "forced share" in table

@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate anchors")
     bench.add_argument("--prompts", type=int, default=3, help="prompts per workload (default 3)")
     bench.add_argument("--reps", type=int, default=2, help="repetitions (default 2)")
-    bench.add_argument("--max-new-tokens", type=int, default=96)
+    bench.add_argument("--max-new-tokens", type=int, default=None,
+                       help="tokens per run (default 96, --quick 48; json cases: their own budget, 384, unless given)")
     bench.add_argument("--quick", action="store_true", help="a small run that finishes in a few minutes")
     bench.add_argument("--json", action="store_true", help="print {rows, cost_model} as JSON instead of a table")
     bench.add_argument("--plot", metavar="FILE.png", help="plot measured and predicted speed-up vs gamma")
@@ -281,8 +282,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     drafters = [d for d in args.drafters.split(",") if d]
     gammas = [int(g) for g in _floats(args.gammas)]
     temperatures, prompts, reps, max_new = _floats(args.temperatures), args.prompts, args.reps, args.max_new_tokens
+    default_max_new = 96
     if args.quick:
-        gammas, prompts, reps, max_new, drafters = [4, 16], 1, 1, 48, drafters[:2]
+        gammas, prompts, reps, default_max_new, drafters = [4, 16], 1, 1, 48, drafters[:2]
     if args.draft_model:
         drafters.append("model")
     args.draft = args.draft_model or "prompt-lookup"
@@ -290,7 +292,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engine = load_engine(args)
     if args.batch:
         return _bench_batch(engine, args, [int(b) for b in _floats(args.batch)], workloads[0], temperatures[0],
-                            drafters[0], gammas[0], max_new, reps)
+                            drafters[0], gammas[0], max_new or default_max_new, reps)
     hf_draft = engine.draft_model.module if engine.draft_model is not None and args.backend == "torch" else None
     if args.draft_model:
         engine.draft = "model"
@@ -299,7 +301,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     total = sum(len(methods_for(methods, w in CONSTRAINED)) * min(prompts, len(load_cases(w))) for w in workloads) \
         * len(temperatures) * reps
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
-        rows = run_bench(engine, methods, workloads, temperatures, prompts, reps, max_new, bar) if workloads else []
+        rows = run_bench(engine, methods, workloads, temperatures, prompts, reps, max_new, bar,
+                         default_max_new) if workloads else []
     agent_rows = _bench_agent(engine, args, drafters, gammas, temperatures, prompts, reps) if agent else []
     rows += agent_rows
     cost = engine.cost_model("none")

@@ -116,8 +116,10 @@ def build_methods(engine: Engine, drafters: list[str], gammas: list[int], auto: 
 
 
 def run_bench(engine: Engine, methods: list[Method], workloads: list[str], temperatures: list[float],
-              prompts_per_workload: int, reps: int, max_new_tokens: int, progress=None) -> list[dict]:
-    """-> rows in the JSON shape documented in the README (one per workload x temperature x method)."""
+              prompts_per_workload: int, reps: int, max_new_tokens: int | None, progress=None,
+              default_max_new_tokens: int = 96) -> list[dict]:
+    """-> rows in the JSON shape documented in the README (one per workload x temperature x method).
+    `max_new_tokens` None: each case's own budget (json), else `default_max_new_tokens`."""
     cost = {m.drafter: engine.cost_model(m.drafter) for m in methods if m.method == "exactspec-spec"}
     rows = []
     for workload in workloads:
@@ -133,7 +135,8 @@ def run_bench(engine: Engine, methods: list[Method], workloads: list[str], tempe
                 results = {id(m): [] for m in chosen}
                 for i, (ids, case) in enumerate(zip(prompt_ids, cases)):
                     for m in order:
-                        out, seconds, stats = m.run(ids, params, max_new_tokens, 1000 * rep + i, case.response_format)
+                        budget = max_new_tokens or case.max_new_tokens or default_max_new_tokens
+                        out, seconds, stats = m.run(ids, params, budget, 1000 * rep + i, case.response_format)
                         valid = None
                         if case.response_format and m.method != "exactspec-plain-unconstrained":
                             valid = schema_valid(engine.tokenizer.decode(out, skip_special_tokens=True),
@@ -191,6 +194,7 @@ def _rows(workload, temperature, methods, per_rep, cost, constrained=False) -> l
             "accepted_run_lengths": merged.run_lengths if merged else None,  # [n]: iterations accepting n drafts
             "constrained": constrained and m.method != "exactspec-plain-unconstrained",
             "forced_share": merged.forced_accepted / merged.emitted if merged and merged.emitted else None,
+            "decode_ms_per_token": 1e3 * merged.decode_s / merged.emitted if merged and merged.emitted else None,
             "valid_share": statistics.mean(valid) if valid else None,
         })
     return rows
@@ -211,12 +215,13 @@ def to_markdown(rows: list[dict]) -> str:
 def _constrained_table(rows: list[dict]) -> str:
     f = _f
     lines = ["| workload | T | method | drafter | γ | tokens/s | vs our plain constrained | vs anchor plain | "
-             "tokens/call | forced share | schema-valid |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tokens/call | forced share | decode ms/token | schema-valid |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
                      f"{'–' if r['gamma'] is None else r['gamma']} | {f(r['tokens_per_s'], '{:.1f}')} | "
                      f"{f(r['speedup_vs_plain'])}× | {f(r['speedup_vs_anchor_plain'])}× | "
-                     f"{f(r['tokens_per_target_call'])} | {f(r['forced_share'])} | {f(r['valid_share'], '{:.0%}')} |")
+                     f"{f(r['tokens_per_target_call'])} | {f(r['forced_share'])} | "
+                     f"{f(r['decode_ms_per_token'], '{:.1f}')} | {f(r['valid_share'], '{:.0%}')} |")
     return "\n".join(lines)
 
 

@@ -5,7 +5,8 @@
 - `edit`: apply a small change to a 150-400 token code or prose file and return the whole file (a long
   copy with an edit in it);
 - `json`: structured output (extraction and tool-call prompts, each with a JSON schema its answer must
-  follow: `{"name", "prompt", "schema"}` per line of json.jsonl).
+  follow: `{"name", "max_new_tokens", "prompt", "schema"}` per line of json.jsonl; string lengths and
+  array sizes are bounded so that every answer the schema allows fits `max_new_tokens`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ CONSTRAINED = ("json",)  # workloads whose cases carry a response_format
 class Case:
     prompt: str
     response_format: dict | None = None  # OpenAI's {"type": "json_schema", ...}; None: free text
+    max_new_tokens: int | None = None  # the case's own budget (json: room for any answer its schema allows)
 
 
 def load_cases(name: str) -> list[Case]:
@@ -43,7 +45,7 @@ def load_workload(name: str) -> list[str]:
 
 def _json_case(item: dict) -> Case:
     schema = {"name": item["name"], "schema": item["schema"], "strict": True}
-    return Case(item["prompt"], {"type": "json_schema", "json_schema": schema})
+    return Case(item["prompt"], {"type": "json_schema", "json_schema": schema}, item.get("max_new_tokens"))
 
 
 def schema_valid(text: str, response_format: dict) -> bool:
