@@ -76,6 +76,16 @@ def test_auto_cpu_dtype_is_batch_invariant(embedded):
         assert max(diffs.values()) < 1e-3, diffs
 
 
+@pytest.mark.skipif(resolve_dtype("auto", torch.device("cpu")) != torch.bfloat16, reason="needs native bf16")
+def test_bf16_blocks_stay_invariant_across_a_key_block_boundary(embedded):
+    """Blocks that cross the 512-key boundary of invariant attention, up to auto γ's widest (33 tokens
+    = several 8-query chunks), score each token as scoring it alone does, bit for bit."""
+    module = copy.deepcopy(embedded.target.module).to(torch.bfloat16)
+    lm = FastLlamaLM(module, embedded.target.eos_token_ids)
+    ids = torch.randint(0, lm.vocab_size, (1, 556), generator=torch.Generator().manual_seed(1))
+    assert block_vs_sequential(lm, ids, 490, [3, 11, 33]) == {3: 0.0, 11: 0.0, 33: 0.0}
+
+
 def test_unchunked_bf16_is_not_invariant(embedded):
     """Negative control for the test above: the same bf16 forward without batch-invariant mode drifts."""
     module = copy.deepcopy(embedded.target.module).to(torch.bfloat16)
