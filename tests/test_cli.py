@@ -40,6 +40,11 @@ def test_bad_input_is_one_line(args, words):
     assert_one_line_error(exactspec("generate", "hi", *args), words)
 
 
+def test_tune_refuses_the_constrained_workload():
+    assert_one_line_error(exactspec("tune", "--workload", "json"), "free-text")
+    assert_one_line_error(exactspec("tune", "--table", "--workloads", "grounded,json"), "free-text")
+
+
 def test_corrupt_gguf(tmp_path):
     bad_magic = tmp_path / "bad.gguf"
     bad_magic.write_bytes(b"NOPE" + os.urandom(64))

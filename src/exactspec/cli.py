@@ -364,11 +364,22 @@ def _bench_batch(engine, args, batches, workload, temperature, drafter, gamma, m
     return 0
 
 
+def _check_free_text(workloads: list[str]) -> None:
+    """tune measures drafters on free text; a constrained workload's schemas are bench's to run."""
+    from .bench.workloads import CONSTRAINED
+
+    for w in workloads:
+        if w in CONSTRAINED:
+            raise ExactSpecError(f"tune measures free-text workloads; {w!r} runs under its schemas in "
+                                 f"`exactspec bench --workloads {w}`")
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from .bench.workloads import load_workload
     from .sampling import SamplingParams
     from .stats import Stats
 
+    _check_free_text(args.workloads.split(",") if args.table else [args.workload])
     if args.table:
         return _tune_table(args)
     params = SamplingParams(temperature=args.temperature)

@@ -219,7 +219,7 @@ def _constrained_table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
                      f"{'–' if r['gamma'] is None else r['gamma']} | {f(r['tokens_per_s'], '{:.1f}')} | "
-                     f"{f(r['speedup_vs_plain'])}× | {f(r['speedup_vs_anchor_plain'])}× | "
+                     f"{f(r['speedup_vs_plain'], '{:.2f}×')} | {f(r['speedup_vs_anchor_plain'], '{:.2f}×')} | "
                      f"{f(r['tokens_per_target_call'])} | {f(r['forced_share'])} | "
                      f"{f(r['decode_ms_per_token'], '{:.1f}')} | {f(r['valid_share'], '{:.0%}')} |")
     return "\n".join(lines)
@@ -232,7 +232,7 @@ def _free_table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
                      f"{'–' if r['gamma'] is None else r['gamma']} | {f(r['tokens_per_s'], '{:.1f}')} | "
-                     f"{f(r['speedup_vs_plain'])}× | {f(r['speedup_vs_anchor_plain'])}× | {f(r['acceptance_rate'])} | "
+                     f"{f(r['speedup_vs_plain'], '{:.2f}×')} | {f(r['speedup_vs_anchor_plain'], '{:.2f}×')} | {f(r['acceptance_rate'])} | "
                      f"{f(r['tokens_per_target_call'])} | {f(r['predicted_speedup'])} | {_long_runs(r['accepted_run_lengths'])} |")
     return "\n".join(lines)
 
