@@ -45,9 +45,9 @@ def copying(drafter: Drafter | None, gamma: int | AutoGamma) -> bool:
 
 def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
           generator: torch.Generator | None, law: TargetLaw | None = None) -> tuple[Proposal | None, int]:
-    """-> (proposal | None, how many grammar-forced tokens lead it). With a law: the tokens the grammar
-    forces (sure drafts, at most `room`, outside the drafter's budget), then up to k of the drafter's
-    from there."""
+    """-> (proposal | None, how many grammar-forced tokens lead it). With a law: the canonical tokens of
+    the text the grammar forces (at most `room`, outside the drafter's budget k), then up to k of the
+    drafter's from there."""
     if law is None:
         proposal = drafter.propose(context, min(k, room), params, generator) if drafter is not None and k > 0 else None
         return (proposal if proposal is not None and len(proposal) else None), 0

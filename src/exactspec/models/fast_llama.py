@@ -14,13 +14,14 @@ softmax sum run over the keys up to the block's end, so a token inside a block s
 (masked, zero) keys than alone, in another order; (3) the CPU matmul libraries pick their kernel by
 the row count M (MKL fp32: 1-row vs k-row results differ by ~5e-5; oneDNN bf16 mostly agrees, not
 always, and bf16 rounding amplified all of it to 0.75 in the logits). The fix, `batch_invariant`
-mode (the default for bf16 / fp16 on a CPU): every query attends as its own one-row attention (the k queries folded into
-the head axis) over whole blocks of ATTN_BLOCK keys (the kernel's key split; wholly masked blocks add
-exact zeros), and every projection runs on exactly INVARIANT_ROWS rows (zero-padded chunks). Price:
-a plain step computes 8 rows and attends over >= 512 keys (measured on the embedded model, 2 threads,
-300-token context: bf16 44 ms invariant vs 33 ms not; fp32 74 vs 52 ms). fp32 is left out of the
-mode by default: its attention kernel stays ~4e-9 apart even so (logits ~5e-5), so the mode would
-cost 40% without making it bit-equal; greedy identity there rests on those margins (tested).
+mode (the default for bf16 / fp16 on a CPU): attention in float32 with q·Kᵀ and P·V as matmuls over
+exactly INVARIANT_ROWS queries per KV head (`_invariant_attention`) across whole blocks of ATTN_BLOCK
+keys (masked keys add exact zeros), and every projection on exactly INVARIANT_ROWS rows (zero-padded
+chunks). Price (embedded model, 2 threads, 300-token context): a plain step computes 8 rows, 42.5 ms
+in bf16 vs 32.7 ms without the mode, while 4- and 8-token blocks cost about one step (42.2 / 45.7 ms;
+one fused-attention call per query, the first version, took 68 / 99 ms). fp32 is left out of the mode
+by default: MKL's fp32 matmuls stay ~5e-5 apart in the logits even so, so the mode would cost ~55%
+without making it bit-equal; greedy identity there rests on those margins (tested).
 CUDA runs unchunked (cuBLAS is not
 row-invariant either: there greedy identity is tested, not guaranteed bit for bit).
 The weights, the cache and the logits live on the module's device (CPU or CUDA); the cache lengths
@@ -37,7 +38,7 @@ from .prefix_cache import prefill_prompt
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 INVARIANT_ROWS = 8  # rows per matmul in batch-invariant mode: one step of γ <= 7 verification is one chunk
-ATTN_BLOCK = 512  # keys per block of torch's CPU flash attention: invariant mode attends over whole blocks
+ATTN_BLOCK = 512  # invariant mode attends over whole blocks of this many keys (the same lengths alone or in a block)
 
 
 def supports(module: torch.nn.Module) -> bool:
@@ -265,9 +266,9 @@ class FastLlamaLM:
         positions = (self.lengths[:, None] + torch.arange(k)).to(self.device)  # [B, k]
         cos, sin = self._rope(positions)
         rows = torch.arange(B, device=self.device)[:, None]  # [B, 1]
-        mask = (torch.arange(end, device=self.device) <= positions[..., None])[:, None]  # [B, 1, k, end]
-        if B == 1 and k == 1 and not inv:
-            mask = None  # the single query sees the whole (exactly sized) cache
+        mask = None  # the single query of a plain step sees the whole (exactly sized) cache
+        if not inv and (B > 1 or k > 1):
+            mask = (torch.arange(end, device=self.device) <= positions[..., None])[:, None]  # [B, 1, k, end]
         x = F.embedding(new_ids, self.embed)  # [B, k, D]
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.norm1, inv)
