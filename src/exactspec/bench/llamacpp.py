@@ -60,7 +60,7 @@ def llamacpp_generate(llama, prompt_ids: list[int], params: SamplingParams, max_
 def _anchor(name: str, llama, eos: set[int], drafter: str | None, gamma: int | None, constrains: bool = False) -> Method:
     def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
         t = time.perf_counter()
-        grammar = json_schema_grammar(response_format) if response_format else None  # built inside the timing
+        grammar = llamacpp_grammar(response_format) if response_format else None  # built inside the timing
         ids = llamacpp_generate(llama, prompt_ids, params, max_new_tokens, seed, eos,
                                 stop_on_eos=stops_at_eos(params, response_format), grammar=grammar)
         return ids, time.perf_counter() - t, None
@@ -68,7 +68,7 @@ def _anchor(name: str, llama, eos: set[int], drafter: str | None, gamma: int | N
     return Method(name, drafter, gamma, run, constrains=constrains)
 
 
-def json_schema_grammar(response_format: dict):
+def llamacpp_grammar(response_format: dict):
     """An OpenAI json_schema response_format -> llama.cpp's own grammar (GBNF) for it. Its JSON allows
     free whitespace (ours is compact), so at T = 0 its outputs may differ from ours."""
     from llama_cpp import LlamaGrammar

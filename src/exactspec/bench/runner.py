@@ -39,7 +39,7 @@ class Method:
     drafter: str | None
     gamma: int | str | None
     run: RunFn
-    constrains: bool = False  # honours a case's response_format (else: not run on constrained workloads)
+    constrains: bool = False  # decodes under a case's response_format
     only_constrained: bool = False  # a row of constrained workloads alone
 
 
@@ -59,7 +59,7 @@ def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, cons
         return ids, time.perf_counter() - t, stats
 
     if not constrained:
-        return Method("exactspec-plain-unconstrained", None, 0, run, constrains=True, only_constrained=True)
+        return Method("exactspec-plain-unconstrained", None, 0, run, only_constrained=True)
     name = "exactspec-plain" if gamma == 0 else "exactspec-spec"
     return Method(name, drafter if gamma != 0 else None, gamma, run, constrains=True)
 
@@ -141,7 +141,7 @@ def run_bench(engine: Engine, methods: list[Method], workloads: list[str], tempe
                         budget = max_new_tokens or case.max_new_tokens or default_max_new_tokens
                         out, seconds, stats = m.run(ids, params, budget, 1000 * rep + i, case.response_format)
                         valid = None
-                        if case.response_format and m.method != "exactspec-plain-unconstrained":
+                        if case.response_format and m.constrains:
                             valid = schema_valid(engine.tokenizer.decode(out, skip_special_tokens=True),
                                                  case.response_format)
                         results[id(m)].append(Run(len(out), seconds, stats, valid))
@@ -153,9 +153,10 @@ def run_bench(engine: Engine, methods: list[Method], workloads: list[str], tempe
 
 
 def methods_for(methods: list[Method], constrained: bool) -> list[Method]:
-    """The methods that run on a (constrained) workload."""
+    """The methods that run on a (constrained) workload: there, those that decode under its schemas
+    and the rows made for it (unconstrained plain decoding, forced drafts only)."""
     if constrained:
-        return [m for m in methods if m.constrains]
+        return [m for m in methods if m.constrains or m.only_constrained]
     return [m for m in methods if not m.only_constrained]
 
 
@@ -195,7 +196,7 @@ def _rows(workload, temperature, methods, per_rep, cost, constrained=False) -> l
             "tokens_per_target_call": merged.tokens_per_target_call if merged else None,
             "predicted_speedup": predicted,
             "accepted_run_lengths": merged.run_lengths if merged else None,  # [n]: iterations accepting n drafts
-            "constrained": constrained and m.method != "exactspec-plain-unconstrained",
+            "constrained": constrained and m.constrains,
             "forced_share": merged.forced_accepted / merged.emitted if merged and merged.emitted else None,
             "decode_ms_per_token": 1e3 * merged.decode_s / merged.emitted if merged and merged.emitted else None,
             "valid_share": statistics.mean(valid) if valid else None,
