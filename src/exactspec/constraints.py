@@ -168,10 +168,9 @@ class Matcher:
         n = self.valid_prefix(drafts)
         masks, consumed = [self.mask()], 0
         for i in range(n):
-            consumed += self._consume([drafts[i]])
+            consumed += self.consume([drafts[i]])
             masks.append(self.mask())
-        if consumed:
-            self.m.rollback(consumed)
+        self.rollback(consumed)
         return n, masks
 
     def valid_prefix(self, tokens: list[int]) -> int:
@@ -197,10 +196,11 @@ class Matcher:
     def commit(self, tokens: list[int]) -> None:
         if self.valid_prefix(tokens) != len(tokens):
             raise ExactSpecError(f"internal error: emitted tokens {tokens} break the grammar")
-        self._consume(tokens)
+        self.consume(tokens)
 
-    def _consume(self, tokens: list[int]) -> int:
-        """Consume valid tokens (EOS after the end is not consumed); -> how many were consumed."""
+    def consume(self, tokens: list[int]) -> int:
+        """Consume valid tokens (EOS after the end is not consumed); -> how many were consumed, the
+        count `rollback` takes to return here."""
         consumed = 0
         for t in tokens:
             if self.m.is_stopped() and t in self.eos:
@@ -209,6 +209,11 @@ class Matcher:
                 raise ExactSpecError(f"grammar matcher error: {self.m.get_error()}")
             consumed += 1
         return consumed
+
+    def rollback(self, consumed: int) -> None:
+        """Undo the last `consumed` tokens (the count `consume` returned)."""
+        if consumed:
+            self.m.rollback(consumed)
 
     @property
     def done(self) -> bool:
@@ -351,9 +356,9 @@ class TargetLaw:
             if j == len(drafts) or token != drafts[j]:
                 break
             if self.matcher is not None:
-                consumed += self.matcher._consume([token])
-        if consumed:
-            self.matcher.m.rollback(consumed)
+                consumed += self.matcher.consume([token])
+        if self.matcher is not None:
+            self.matcher.rollback(consumed)
         return emitted
 
     def _penalise(self, x: torch.Tensor, drafts: list[int], offset: int) -> torch.Tensor:

@@ -43,6 +43,15 @@ def copying(drafter: Drafter | None, gamma: int | AutoGamma) -> bool:
     return isinstance(gamma, AutoGamma) and getattr(drafter, "copies", False)
 
 
+def budget(drafter: Drafter | None, gamma: int | AutoGamma, rows: int = 1) -> int:
+    """How many drafts the drafter may propose this iteration: a fixed γ; under auto, auto's γ for a
+    batch of `rows` (chosen before drafting), or for a copying drafter all auto may use (cut afterwards
+    by `AutoGamma.choose`, once the match length is known)."""
+    if copying(drafter, gamma):
+        return gamma.max_gamma
+    return gamma.next_gamma(rows) if isinstance(gamma, AutoGamma) else gamma
+
+
 def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
           generator: torch.Generator | None, law: TargetLaw | None = None) -> tuple[Proposal | None, int]:
     """-> (proposal | None, how many grammar-forced tokens lead it). With a law: the canonical tokens of
@@ -61,13 +70,12 @@ def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params
 def propose(drafter: Drafter | None, gamma: int | AutoGamma, context: list[int], room: int,
             params: SamplingParams, generator: torch.Generator | None, law: TargetLaw | None = None):
     """-> (proposal | None, draft ids [k], grammar-forced tokens leading them) for one iteration with at
-    most `room` drafts. γ = 0 is plain decoding (no drafts, forced or not). A fixed γ, or auto's γ for
-    drafters that sample, is chosen before drafting; a copying drafter under auto proposes as much as
-    auto may use and auto keeps the prefix its match length makes worth verifying."""
+    most `room` drafts. γ = 0 is plain decoding (no drafts, forced or not); see `budget` for the
+    drafter's share, and a copying drafter's proposal is cut to the prefix its match length makes
+    worth verifying."""
     if room <= 0 or (not isinstance(gamma, AutoGamma) and gamma <= 0) or (drafter is None and law is None):
         return None, [], 0
-    k = gamma.max_gamma if copying(drafter, gamma) else gamma.next_gamma() if isinstance(gamma, AutoGamma) else gamma
-    proposal, forced = draft(drafter, k, context, room, params, generator, law)
+    proposal, forced = draft(drafter, budget(drafter, gamma), context, room, params, generator, law)
     if proposal is not None and copying(drafter, gamma):
         proposal = proposal.head(forced + gamma.choose([(proposal.match, len(proposal) - forced)]))
     drafts = proposal.ids.tolist() if proposal is not None else []

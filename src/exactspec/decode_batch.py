@@ -23,7 +23,7 @@ import torch
 
 from .constraints import TargetLaw
 from .costmodel import AutoGamma
-from .decode import copying, draft
+from .decode import budget, copying, draft
 from .device import device_of
 from .drafters.base import Drafter
 from .errors import ExactSpecError
@@ -176,7 +176,7 @@ class BatchDecoder:
                 greedy[j] = row.law.greedy(logits[j, : len(ids) + 1], ids.tolist())
             elif row.law is not None and not row.law.trivial:
                 target_probs[j, : len(ids) + 1] = row.law.probs(logits[j, : len(ids) + 1], ids.tolist())
-        on_device = self.verifier is verify and device_of(self.target).type != "cpu"
+        on_device = self.verifier is verify and device_of(self.target).type != "cpu" and len(greedy) < len(rows)
         verified = _verify_on_device(rows, drafts, target_probs) if on_device else None
 
         keep_lengths, still = [], []
@@ -200,24 +200,19 @@ class BatchDecoder:
 
     def _draft(self, rows: list[Row], room: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None, int]], list[int]]:
         """Every row's drafts (ids, probs, grammar-forced count) and match lengths, as decode.propose
-        makes them for one row: grammar-forced tokens first (outside γ), then the drafter. A fixed γ, or
-        auto's γ for drafters that sample (asked once per policy), is chosen before drafting; rows of
-        copying drafters under auto propose all auto may use, then each policy picks one width of the
-        drafter's part for its rows, priced by T(B, width + 1) for the whole batch."""
+        makes them for one row: grammar-forced tokens first (outside γ), then the drafter's `budget`
+        (auto asked once per policy); rows of copying drafters under auto are then cut to one width of
+        the drafter's part per policy, priced by T(B, width + 1) for the whole batch."""
         proposals, wants = [], {}
         for row in rows:
             cap = min(row.max_new_tokens - row.produced - 1, room - 1)
             if cap <= 0 or (not isinstance(row.gamma, AutoGamma) and row.gamma <= 0):
                 proposals.append((None, 0))
                 continue
-            if copying(row.drafter, row.gamma):
-                k = row.gamma.max_gamma
-            elif isinstance(row.gamma, AutoGamma):
-                if id(row.gamma) not in wants:
-                    wants[id(row.gamma)] = row.gamma.next_gamma(len(rows))
-                k = wants[id(row.gamma)]
-            else:
-                k = row.gamma
+            key = (id(row.gamma), copying(row.drafter, row.gamma))  # auto is asked once per policy
+            if key not in wants:
+                wants[key] = budget(row.drafter, row.gamma, len(rows))
+            k = wants[key]
             proposals.append(draft(row.drafter, k, row.context, cap, row.params, row.generator, row.law))
         widths = {}  # per copying policy
         for row, (proposal, forced) in zip(rows, proposals):
