@@ -26,6 +26,17 @@ def tiny_llama(seed: int, vocab: int = TINY_VOCAB, sharpness: float = 8.0, layer
     return tiny_llama_on(seed, "cpu", vocab, sharpness, layers)
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models on one torch thread: their ops are too small to split, and with parked OpenMP threads
+    (above) every op would wait for a second thread to wake (2-3x slower). Modules that run only tiny
+    models take it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> HFCausalLM:
     return HFCausalLM(tiny_llama(0), eos_token_ids=set())

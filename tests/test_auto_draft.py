@@ -17,6 +17,8 @@ from exactspec.stats import Stats
 from .conftest import TINY_VOCAB, tiny_llama
 from .test_exactness import always_accept, chi_square_p, exact_law, sample_counts
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FLAT = [1e-3] * 9  # T(k) flat in k: speculation pays whenever anything is accepted
 
 

@@ -100,6 +100,7 @@ def sample_batched_counts(target, params, verifier, batches=750, rows=4):
     return counts
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_batched_rows_follow_target_law(fast_tiny):
     from exactspec.verify import verify
 
@@ -108,6 +109,7 @@ def test_batched_rows_follow_target_law(fast_tiny):
     assert chi_square_p(sample_batched_counts(fast_tiny, params, verify), law) > 1e-3
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_batched_negative_control(fast_tiny):
     params = SamplingParams(temperature=1.0)
     law = exact_law(fast_tiny, params)

@@ -21,6 +21,8 @@ from exactspec.sampling import SamplingParams, warp
 from .conftest import TINY_VOCAB
 from .test_exactness import chi_square_p
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PROMPT = [3, 5, 2, 3, 5]
 LENGTH = 3
 SAMPLES = 1500

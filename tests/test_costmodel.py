@@ -8,6 +8,8 @@ import pytest
 from exactspec import theory
 from exactspec.costmodel import AutoGamma, CostModel
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.mark.parametrize("alpha,gamma,ops,walltime", theory.PAPER_TABLE_1)
 def test_paper_table_1(alpha, gamma, ops, walltime):

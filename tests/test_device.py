@@ -19,12 +19,14 @@ from . import device_checks
 from .device_checks import CHECKS
 
 
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("device", device_checks.devices())
 @pytest.mark.parametrize("check", sorted(CHECKS))
 def test_device_check(check, device):
     CHECKS[check](device)
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_negative_control_of_the_verifier_check_fails():
     """The reference comparison is not vacuous: a verifier that drops the acceptance test is caught."""
     import exactspec.verify_torch as vt

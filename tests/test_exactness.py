@@ -17,6 +17,8 @@ from exactspec.verify import verify
 
 from .conftest import TINY_VOCAB
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PROMPT = [3, 5, 2, 3, 5]
 LENGTH = 3  # tokens per continuation -> TINY_VOCAB**3 = 512 outcomes
 SAMPLES = 3000

@@ -18,6 +18,8 @@ from exactspec.verify import accept_greedy, accept_greedy_lenient, verify, verif
 from .conftest import TINY_VOCAB
 from .test_cli import assert_one_line_error, exactspec
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PROMPT = [3, 5, 2, 3, 5]
 
 

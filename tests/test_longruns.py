@@ -46,6 +46,7 @@ def test_prompt_lookup_reports_match_length_and_prefers_the_longest_match():
 
 
 # --- greedy identity with long proposals ------------------------------------------------------------
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("gamma", [8, 16, 32, "auto"])
 def test_tiny_greedy_identity_long_proposals(tiny_target, gamma):
     prompt = [3, 5, 2, 3, 5, 7, 2, 4, 6, 1, 3, 5, 2, 3, 5, 7, 2, 4, 6, 1, 3, 5, 2]
@@ -93,6 +94,7 @@ class Counting(PromptLookupDrafter):
         Counting.kept[num_proposed] += 1
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_copy_aware_auto_samples_follow_target_law(tiny_target):
     """Auto keeps a prefix of each copy chosen from its match length and history (0, 1 or 2 tokens
     here): the samples still follow the target law."""
@@ -105,6 +107,7 @@ def test_copy_aware_auto_samples_follow_target_law(tiny_target):
     assert Counting.kept[1] > 50 and Counting.kept[2] > 50, Counting.kept  # variable-length proposals
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_copy_aware_negative_control(tiny_target):
     params = SamplingParams(temperature=1.0)
     law = exact_law(tiny_target, params)
@@ -157,6 +160,7 @@ def test_batched_iterations_shrink_gamma_then_stop():
     assert cost.batch.observations[(8, 5)] == 20 and auto.choose(rows * 8, 8) >= 4
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_engine_keeps_what_it_learned_across_requests(tiny_target):
     """Acceptance by match length and T(k) live on the Engine: the second request's policy starts from
     the first one's history (server, generate_batch and bench all go through `drafting`)."""

@@ -12,6 +12,8 @@ from exactspec.errors import ExactSpecError
 from exactspec.sampling import SamplingParams
 from exactspec.stats import Stats
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 GREEDY = SamplingParams(temperature=0)
 
 

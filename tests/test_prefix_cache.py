@@ -16,6 +16,8 @@ from exactspec.stats import Stats
 
 from .conftest import tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=1.0, top_k=6)
 SYSTEM = [3, 5, 2, 3, 5, 7, 2, 6, 4, 4, 1, 2, 3, 7, 7, 5]  # a shared "system prompt"

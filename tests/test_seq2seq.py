@@ -25,6 +25,8 @@ from .conftest import TINY_VOCAB, tiny_llama
 from .test_cli import assert_one_line_error, exactspec
 from .test_exactness import always_accept, chi_square_p
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SOURCE = [3, 5, 2, 3, 5, 4, 6, 1]  # ends in EOS (1), as a tokenizer's source does
 LENGTH, SAMPLES = 3, 1200
 WORDS = ["<pad>", "</s>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran"]  # the saved models' vocabulary
