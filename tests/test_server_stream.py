@@ -64,6 +64,9 @@ def test_chat_logprobs_stream_equal_non_streamed(api, embedded, messages, stop):
         streamed += entries
     assert text == whole.message.content and chunks[-1].choices[0].finish_reason == whole.finish_reason
     assert streamed == _entries(whole.logprobs) and len(streamed) > 3
+    if messages is EMOJI:  # `bytes` is each token's own bytes, not its lone decode's U+FFFD: together, the text
+        joined = b"".join(bytes(e.bytes) for e in whole.logprobs.content)
+        assert b"\xef\xbf\xbd" not in joined and joined.decode("utf-8", "ignore") == text.rstrip("\ufffd")
     if messages is STORY and not stop:  # EOS adds no text: its entry comes on the finish chunk
         assert whole.finish_reason == "stop" and len(chunks[-1].choices[0].logprobs.content) == 1
     if stop:  # " coat" is held back (it may start the stop string), then the stop string's tokens are

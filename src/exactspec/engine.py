@@ -204,6 +204,17 @@ class Engine:
         law = self.make_law(result, params, **law_options)
         yield from self._run(result, max_new_tokens, stop, seed, gamma, draft, params, law)
 
+    def grammar_tokenizer(self):
+        """llguidance's view of the tokenizer: built once (about half a second), on first use."""
+        if self._llg_tok is None:
+            self._llg_tok = llg_tokenizer(self.tokenizer, self.target.vocab_size, self.target.eos_token_ids)
+        return self._llg_tok
+
+    def token_bytes(self, token: int) -> bytes:
+        """The token's own bytes: a token holding part of a UTF-8 character keeps its raw bytes, where
+        decoding it alone gives U+FFFD (OpenAI's logprobs `bytes`)."""
+        return self.grammar_tokenizer().decode_bytes([token])
+
     def make_law(self, result: GenerationResult, params: SamplingParams, response_format=None, grammar=None,
                  logit_bias: dict | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, logprobs: int | None = None) -> TargetLaw | None:
@@ -225,9 +236,7 @@ class Engine:
             raise ExactSpecError(f"logprobs must be an integer in [0, 20], got {logprobs!r}")
         matcher = None
         if compiled is not None:
-            if self._llg_tok is None:
-                self._llg_tok = llg_tokenizer(self.tokenizer, self.target.vocab_size, self.target.eos_token_ids)
-            matcher = Matcher(self._llg_tok, compiled, self.target.vocab_size)
+            matcher = Matcher(self.grammar_tokenizer(), compiled, self.target.vocab_size)
         law = TargetLaw(params, result.prompt_token_ids, self.target.vocab_size, matcher, penalties, logprobs)
         if law.trivial:
             return None

@@ -128,8 +128,7 @@ def run_bench(engine: Engine, methods: list[Method], workloads: list[str], tempe
         chosen = methods_for(methods, constrained)
         prompt_ids = [engine.encode(c.prompt) for c in cases]
         if constrained:  # the grammar engine's tokenizer is built once per engine: not inside a timing
-            engine.make_law(GenerationResult("", [], prompt_ids[0], "length"), SamplingParams(),
-                            response_format=cases[0].response_format)
+            engine.grammar_tokenizer()
         for temperature in temperatures:
             params = SamplingParams(temperature=temperature)
             per_rep: list[list[Run]] = []

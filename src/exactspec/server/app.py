@@ -141,7 +141,7 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
 
     async def complete(request: Request, body: GenerationRequest, endpoint: str, jobs: list[Job],
                        tools: ToolPlan | None = None) -> Response:
-        shapes, start = Shapes(endpoint == CHAT, model_name, token_text, tools), time.perf_counter()
+        shapes, start = Shapes(endpoint == CHAT, model_name, token_text, tools, engine.token_bytes), time.perf_counter()
         prompt_tokens = len(jobs[0].result.prompt_token_ids)
         if body.stream:
             return StreamingResponse(stream(shapes, body, endpoint, jobs, start), media_type="text/event-stream")

@@ -53,9 +53,9 @@ def merged_stats(results: list[GenerationResult]) -> Stats:
 class Shapes:
     """Builds the bodies of one response (one id and timestamp), chat or text flavoured."""
 
-    def __init__(self, chat: bool, model: str, token_text=None, tools=None) -> None:
+    def __init__(self, chat: bool, model: str, token_text=None, tools=None, token_bytes=None) -> None:
         self.chat, self.model = chat, model
-        self.token_text = token_text  # token id -> its text (for logprobs)
+        self.token_text, self.token_bytes = token_text, token_bytes  # token id -> its text, its bytes (logprobs)
         self.tools = tools  # server.tools.ToolPlan: the output is read as tool calls
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -103,8 +103,7 @@ class Shapes:
         text = self.token_text
         if self.chat:
             def item(token, lp):
-                t = text(token)
-                return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+                return {"token": text(token), "logprob": lp, "bytes": list(self.token_bytes(token))}
             return {"content": [{**item(e["token"], e["logprob"]), "top_logprobs": [item(t, lp) for t, lp in e["top"]]}
                                 for e in entries], "refusal": None}
         tokens = [text(e["token"]) for e in entries]
