@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from exactspec.decode import decode
 from exactspec.drafters.auto import AutoDrafter, DraftBandit

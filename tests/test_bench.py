@@ -51,3 +51,13 @@ def test_json_rows(embedded):
     assert plain["decode_ms_per_token"] > 0 and free["decode_ms_per_token"] > 0
     table = to_markdown(rows)
     assert "schema-valid" in table and "forced share" in table
+
+
+def test_batch_bench_rows(embedded):
+    """`bench --batch`: the four methods per batch size, with the fields the table prints."""
+    from exactspec.bench.runner import batch_table, run_batch_bench
+
+    rows = run_batch_bench(embedded, [1, 2], "grounded", 0.0, "prompt-lookup", 4, max_new_tokens=4, reps=1)
+    assert [(r["batch"], r["method"]) for r in rows] == [
+        (b, m) for b in (1, 2) for m in ("batched-spec", "batched-plain", "sequential-spec", "sequential-plain")]
+    assert all(r["tokens_per_s"] > 0 for r in rows) and "| 2 | batched-spec | prompt-lookup | 4 |" in batch_table(rows)

@@ -44,13 +44,12 @@ negative logits of every token in prompt + generated text; `presence_penalty` an
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .drafters.base import Drafter, Proposal
+from .drafters.base import Proposal
 from .errors import ExactSpecError
 from .sampling import SamplingParams, warp
 

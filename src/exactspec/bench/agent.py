@@ -26,7 +26,6 @@ from importlib import resources
 import torch
 
 from ..engine import Engine
-from ..models.prefix_cache import PrefixCache
 from ..sampling import SamplingParams
 from ..stats import Stats, total
 

@@ -27,7 +27,7 @@ import torch
 from ..engine import Engine, GenerationResult
 from ..sampling import SamplingParams
 from ..stats import Stats, total
-from .workloads import CONSTRAINED, load_cases, schema_valid
+from .workloads import CONSTRAINED, load_cases, load_workload, schema_valid
 
 # (prompt_ids, params, max_new_tokens, seed, response_format | None) -> (generated ids, seconds, stats)
 RunFn = Callable[[list[int], SamplingParams, int, int, dict | None], tuple[list[int], float, Stats | None]]

@@ -39,11 +39,15 @@ import os
 import subprocess
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..errors import ExactSpecError
+
+if TYPE_CHECKING:
+    from ..engine import Engine
 
 INSTALL_HINT = "llama-cpp-python is not installed: install the llamacpp extra: make llamacpp"
 DEFAULT_N_CTX = 4096
