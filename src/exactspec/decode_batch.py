@@ -30,7 +30,7 @@ from .errors import ExactSpecError
 from .models.prefix_cache import cache_of, remember
 from .sampling import SamplingParams, warp
 from .stats import Stats, total
-from .verify import verify
+from .verify import accept_greedy, verify
 from .verify_torch import verify_rows
 
 
@@ -165,26 +165,29 @@ class BatchDecoder:
             feed[j, : len(ids) + 1] = torch.cat([torch.tensor([row.context[-1]]), ids])
         t = time.perf_counter()
         logits = self.target.forward_rows(feed)  # [A, K+1, V]
-        target_probs = _warp_rows(logits, [r.params for r in rows])  # [A, K+1, V]
+        emitted = self._greedy(rows, drafts, logits)  # {j: tokens}: greedy rows need no [V] laws
+        rest = [j for j in range(len(rows)) if j not in emitted]  # rows verified against warped laws
+        warped = logits if len(rest) == len(rows) else logits[rest]  # [R, K+1, V]
+        target_probs = _warp_rows(warped, [rows[j].params for j in rest]) if rest else None  # [R, K+1, V]
         seconds = time.perf_counter() - t
         policy = next((r.gamma for r in rows if isinstance(r.gamma, AutoGamma)), None)
         if policy is not None:  # T(B, k) is the target's: one observation serves every policy
             policy.observe_step(width, seconds, len(rows))
-        greedy = {}  # rows verified by their law's greedy fast path (masks only where needed)
-        for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
-            if row.law is not None and row.law.greedy_fast and self.verifier is verify:
-                greedy[j] = row.law.greedy(logits[j, : len(ids) + 1], ids.tolist())
-            elif row.law is not None and not row.law.trivial:
-                target_probs[j, : len(ids) + 1] = row.law.probs(logits[j, : len(ids) + 1], ids.tolist())
-        on_device = self.verifier is verify and device_of(self.target).type != "cpu" and len(greedy) < len(rows)
-        verified = _verify_on_device(rows, drafts, target_probs) if on_device else None
+        for i, j in enumerate(rest):
+            law, ids = rows[j].law, drafts[j][0]
+            if law is not None and not law.trivial:
+                target_probs[i, : len(ids) + 1] = law.probs(logits[j, : len(ids) + 1], ids.tolist())
+        if rest and self.verifier is verify and device_of(self.target).type != "cpu":
+            emitted.update(zip(rest, _verify_on_device([rows[j] for j in rest], [drafts[j] for j in rest],
+                                                       target_probs)))
+        position = {j: i for i, j in enumerate(rest)}
 
         keep_lengths, still = [], []
         for j, (row, (ids, probs, forced)) in enumerate(zip(rows, drafts)):
-            done = greedy.get(j, None if verified is None else verified[j])
-            keep, emitted = self._verify(row, ids, probs, target_probs[j : j + 1], forced, done, matches[j])
+            laws = target_probs[position[j]] if j in position else None  # [K+1, V]
+            keep, out = self._verify(row, ids, probs, laws, forced, emitted.get(j), matches[j])
             keep_lengths.append(keep)
-            yield row, emitted
+            yield row, out
             if not row.done and not row.cancelled:
                 still.append(j)
         self.stats.target_calls += 1
@@ -232,13 +235,28 @@ class BatchDecoder:
                 matches.append(proposal.match)
         return drafts, matches
 
-    def _verify(self, row: Row, ids: torch.Tensor, probs: torch.Tensor | None, target_probs: torch.Tensor,
+    def _greedy(self, rows: list[Row], drafts, logits: torch.Tensor) -> dict[int, list[int]]:
+        """The emitted tokens of rows verified without warped [V] laws (standard verifier only): greedy
+        rows take the argmax acceptance, greedy rows under a grammar their law's shortcut (a mask only
+        where the grammar refuses the argmax). Same tokens as `verify` on one-hot laws, ties included."""
+        if self.verifier is not verify:
+            return {}
+        out, argmax = {}, None
+        for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
+            if row.law is not None and row.law.greedy_fast:
+                out[j] = row.law.greedy(logits[j, : len(ids) + 1], ids.tolist())
+            elif row.params.greedy and (row.law is None or row.law.trivial):
+                argmax = logits.argmax(-1).tolist() if argmax is None else argmax  # [A][K+1], one copy
+                out[j] = accept_greedy(ids.tolist(), argmax[j][: len(ids) + 1])
+        return out
+
+    def _verify(self, row: Row, ids: torch.Tensor, probs: torch.Tensor | None, target_probs: torch.Tensor | None,
                 forced: int = 0, emitted: list[int] | None = None, match: int = 0) -> tuple[int, list[int]]:
-        """Accept a prefix of the row's drafts (or take `emitted`, verified on the device already);
-        returns (cache length to keep, tokens emitted)."""
+        """Accept a prefix of the row's drafts against its laws [K+1, V] (or take `emitted`, verified
+        already); returns (cache length to keep, tokens emitted)."""
         k = len(ids)
         if emitted is None:
-            emitted = self.verifier(ids.tolist(), probs, target_probs[0, : k + 1], row.generator)
+            emitted = self.verifier(ids.tolist(), probs, target_probs[: k + 1], row.generator)
         n = len(emitted) - 1
         if row.drafter is not None and k > forced:  # the drafter's own part (after the forced tokens)
             row.drafter.observe(k - forced, max(0, n - forced))
