@@ -1,0 +1,36 @@
+"""Where exactspec keeps what it can compute once per machine and model: converted checkpoints and the
+measured dtype decision. `$EXACTSPEC_CACHE` overrides the folder (default: `$XDG_CACHE_HOME/exactspec`,
+else `~/.cache/exactspec`). A model file is keyed by its identity (path, size, mtime and a hash of its
+first and last MiB), so a changed file is never served from an old entry."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+_EDGE = 1 << 20  # bytes hashed at each end of a file
+
+
+def cache_dir(*parts: str) -> Path:
+    """The cache folder (made on demand), or a sub-folder of it."""
+    root = os.environ.get("EXACTSPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "exactspec")
+    path = Path(root, *parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def file_identity(path: str | os.PathLike) -> str:
+    """A short hex key for a file or a model directory's files: changes when any of them changes."""
+    h = hashlib.sha256()
+    files = [Path(path)] if os.path.isfile(path) else sorted(p for p in Path(path).iterdir() if p.is_file())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(_EDGE))
+            if st.st_size > 2 * _EDGE:
+                fh.seek(-_EDGE, os.SEEK_END)
+                h.update(fh.read(_EDGE))
+    return h.hexdigest()[:20]

@@ -1,0 +1,35 @@
+"""One-line status messages on stderr while exactspec loads and measures ("loading … (cached)").
+
+The CLI and the server turn them on; the Python API is quiet unless `load(verbose=True)` or
+`EXACTSPEC_VERBOSE=1`. `timed(label)` also records how long each phase took, for `--verbose`."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+
+_enabled = os.environ.get("EXACTSPEC_VERBOSE", "") not in ("", "0")
+timings: dict[str, float] = {}  # phase -> seconds, for the last load
+
+
+def enable(on: bool = True) -> None:
+    global _enabled
+    _enabled = on
+
+
+def status(message: str) -> None:
+    """Print `exactspec: message` on stderr when status messages are on."""
+    if _enabled:
+        print(f"exactspec: {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def timed(label: str):
+    """Record the seconds spent in the block under `label` (also when status messages are off)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[label] = timings.get(label, 0.0) + time.perf_counter() - start
