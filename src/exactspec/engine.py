@@ -30,6 +30,7 @@ from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
 from .models.base import CausalLM
+from .models.layouts import choose_layout, layout_named
 from .models.prefix_cache import PrefixCache
 from .models.seq2seq import Seq2SeqLM, is_encoder_decoder, load_seq2seq_model
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
@@ -66,6 +67,8 @@ class Engine:
         self._batch_costs = BatchCosts()  # T(B, k), refined by batched auto-gamma iterations
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
         self.hardware = "device cpu"  # `load` names device, dtype and the CPU flags behind the choice
+        self.device, self.dtype = "cpu", "float32"  # where and in which dtype the target computes
+        self.layout = None  # the dtype self-test's Choice (models/layouts.py) when `dtype="auto"` ran it on a CPU
         self._acceptance: dict[str, Acceptance] = {}  # per drafter: α by match length, across requests
         self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
         self._llg_tok = None  # llguidance's view of the tokenizer, built on the first constrained request
@@ -398,8 +401,9 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
     `backend`: "torch" (default) or "llama.cpp" (GGUF files only; needs the llamacpp extra).
     `prefix_cache_mb`: keep the KV of recent sequences across requests in this many MiB (0 = off).
     `device`: "auto" (a CUDA GPU when visible, else the CPU), "cpu", "cuda" or "cuda:N"; `dtype`: "auto"
-    (bf16 on a GPU or on a CPU with native bf16, else fp32; see device.py) or a dtype / its name.
-    The choice is on `engine.hardware`."""
+    (bf16 on a GPU; on a CPU the fastest layout that passes a bit-equality self-test on this model,
+    cached per machine and model: models/layouts.py) or a dtype / its name.
+    The choice is on `engine.device`, `engine.dtype`, `engine.layout` and, in words, `engine.hardware`."""
     engine = _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, device)
     engine.set_prefix_cache(prefix_cache_mb)
     return engine
@@ -428,24 +432,35 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     where = resolve_device("cpu" if seq2seq and device == "auto" else device)  # before the slow load
     if seq2seq and where.type != "cpu":
         raise ExactSpecError(f"--device {device}: encoder-decoder targets run on the CPU only")
-    wanted = resolve_dtype(dtype, where)
-    # CPU "auto" picks bf16 for the batch-invariant lean forward only: other adapters stay fp32
-    dtype = torch.float32 if dtype in (None, "auto") and where.type == "cpu" else wanted
+    choose = dtype in (None, "auto") and where.type == "cpu"  # the lean forward's layout by self-test
+    wanted = resolve_dtype(dtype, where)  # CPU auto: float32 until (and unless) the self-test picks
 
     def load_module(model_path: str) -> torch.nn.Module:
-        module = load_seq2seq_model(model_path, dtype) if seq2seq else load_hf_model(model_path, dtype, where)
-        return module.to(wanted) if fast and not seq2seq and fast_llama.supports(module) else module
+        return load_seq2seq_model(model_path, wanted) if seq2seq else load_hf_model(model_path, wanted, where)
 
     tokenizer = load_tokenizer(path)
-    target_lm = adapter(load_module(path), _eos_ids(tokenizer), fast)
-    dtype = getattr(target_lm, "dtype", dtype)
+    module = load_module(path)
+    layout = None
+    if not seq2seq and fast and fast_llama.supports(module):
+        if choose:
+            layout = choose_layout(module, path)
+            wanted, invariant = layout_named(layout.layout).dtype, layout_named(layout.layout).batch_invariant
+        else:
+            invariant = None  # the dtype's default mode (fast_llama.FastLlamaLM)
+        target_lm = fast_llama.FastLlamaLM(module.to(wanted), _eos_ids(tokenizer), batch_invariant=invariant)
+    else:
+        target_lm = adapter(module, _eos_ids(tokenizer), fast)
     draft_lm = None
-    if draft not in DRAFT_NAMES:  # the draft model sits on the target's device
-        draft_lm = adapter(load_module(draft), target_lm.eos_token_ids, fast)
+    if draft not in DRAFT_NAMES:  # the draft model sits on the target's device, in the target's dtype
+        draft_module = load_module(draft)
+        draft_lm = adapter(draft_module.to(wanted) if fast and fast_llama.supports(draft_module) else draft_module,
+                           target_lm.eos_token_ids, fast)
         check_same_vocab(target_lm, draft_lm, tokenizer, draft)
         draft = "model"
     engine = Engine(target_lm, tokenizer, draft, gamma, draft_lm, chat_template)
-    engine.hardware = describe(where, dtype)
+    engine.device, engine.dtype = str(where), str(getattr(target_lm, "dtype", wanted)).removeprefix("torch.")
+    engine.layout = layout
+    engine.hardware = describe(where, getattr(target_lm, "dtype", wanted), layout)
     return engine
 
 
