@@ -73,6 +73,17 @@ class Engine:
         self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
         self._llg_tok = None  # llguidance's view of the tokenizer, built on the first constrained request
 
+    def runtime(self) -> dict:
+        """Where and in which dtype the target computes, and on what greedy identity rests (the dtype
+        self-test's verdict): for `generate --json` stats, `serve`'s start-up log and `/v1/models`."""
+        if self.layout is not None:
+            identity = "bit-exact (self-test)" if self.layout.exact else "by tolerance (no layout passed the self-test)"
+        elif self.dtype == "gguf":
+            identity = "not self-tested at load (llama.cpp; the test suite checks greedy identity on the embedded GGUF)"
+        else:
+            identity = "not self-tested (dtype given, or a GPU / an adapter without the lean forward)"
+        return {"device": self.device, "dtype": self.dtype, "greedy_identity": identity, "hardware": self.hardware}
+
     # --- prefix cache ----------------------------------------------------------------------
     def set_prefix_cache(self, budget_mb: float | None) -> None:
         """Keep the KV of recent sequences across requests, reusing the longest cached prompt prefix

@@ -218,7 +218,8 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
     async def models() -> dict:
         """The one model this server runs."""
         return {"object": "list",
-                "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "exactspec"}]}
+                "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "exactspec",
+                          "exactspec": engine.runtime()}]}
 
     @app.get("/health")
     async def health() -> JSONResponse:

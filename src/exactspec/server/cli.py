@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import time
 
 from ..errors import ExactSpecError
@@ -63,6 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return serve_on_ray(args, args.model_name or default_model_name(args.target))
     engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb)
     warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
+    print(f"exactspec: serving on {engine.hardware}; greedy identity {engine.runtime()['greedy_identity']}",
+          file=sys.stderr, flush=True)
     uvicorn.run(create_app(engine, args.model_name or default_model_name(args.target), args.max_rows),
                 host=args.host, port=args.port, log_level="info")
     return 0
