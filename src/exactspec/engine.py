@@ -21,7 +21,7 @@ from .decode import decode
 from .decode_batch import decode_batch
 from .detokenize import IncrementalText
 from .drafters.auto import AutoDrafter, DraftBandit
-from .device import describe, resolve_device, resolve_dtype
+from .device import cpu_name, describe, resolve_device, resolve_dtype
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
@@ -429,8 +429,6 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     if backend == "llama.cpp":
         if str(device) not in ("auto", "cpu"):
             raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
-        from .models.llama_cpp import llamacpp_engine  # lazy: it imports this module
-
         return llamacpp_engine(target, draft, gamma, chat_template, threads=threads)
     path = target or embedded_model_path()
     if draft not in DRAFT_NAMES and not os.path.exists(draft):
@@ -491,3 +489,29 @@ def check_same_vocab(target: CausalLM, draft: CausalLM, tokenizer, draft_path: s
         return  # a draft without its own tokenizer is taken to share the target's
     if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ExactSpecError(f"draft tokenizer differs from the target's: {draft_path}")
+
+
+def llamacpp_engine(path: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4,
+                    chat_template: bool = True, n_ctx: int | None = None, threads: int | None = None,
+                    repack: bool | None = None, **llama_kwargs) -> Engine:
+    """`Engine` over a GGUF target run by llama.cpp; the tokenizer is transformers' reading of the same
+    GGUF (its ids are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter
+    name or a path to a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch,
+    flash_attn, type_k, ...)."""
+    from .models.llama_cpp import load_llama_cpp  # lazy: llama.cpp is an optional extra
+
+    gamma = check_gamma(gamma)
+    path = path or embedded_model_path()
+    if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
+        raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
+    target = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
+    tokenizer = load_tokenizer(path)
+    draft_lm = None
+    if draft not in DRAFT_NAMES:
+        draft_lm = load_llama_cpp(draft, n_ctx=target.max_length, threads=threads,
+                                  eos_token_ids=target.eos_token_ids, repack=target.repack, **llama_kwargs)
+        check_same_vocab(target, draft_lm, tokenizer, draft)
+        draft = "model"
+    engine = Engine(target, tokenizer, draft, gamma, draft_lm, chat_template)
+    engine.dtype, engine.hardware = "gguf", f"llama.cpp on the CPU ({cpu_name()}), the GGUF's own weight types"
+    return engine

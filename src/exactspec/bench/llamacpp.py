@@ -1,7 +1,7 @@
 """llama.cpp rows for the side-by-side benchmark (optional extra: `make llamacpp`).
 
 - exactspec's own rows on llama.cpp come from `exactspec_method` over an engine loaded with
-  `exactspec.load(backend="llama.cpp")` (models/llama_cpp.py: `llamacpp_engine`).
+  `exactspec.load(backend="llama.cpp")` (engine.py: `llamacpp_engine`).
 - `llamacpp-plain`: llama-cpp-python's own `Llama.generate` on the same context (its own sampler chain).
 - `llamacpp-prompt-lookup`: `Llama.generate` with `LlamaPromptLookupDecoding(num_pred_tokens=10)` as
   draft model, on a second `Llama` over the same file (it needs `logits_all`).
@@ -27,7 +27,7 @@ from ..engine import Engine
 from ..errors import ExactSpecError
 from ..models.llama_cpp import LlamaCppLM, _import, make_llama
 from ..sampling import SamplingParams
-from .runner import Method, exactspec_method, stops_at_eos
+from .methods import Method, exactspec_method, stops_at_eos
 
 PROMPT_LOOKUP_TOKENS = 10
 

@@ -19,50 +19,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ..engine import Engine, GenerationResult
+from ..engine import Engine
 from ..sampling import SamplingParams
 from ..stats import Stats, total
+from .methods import Method, exactspec_method
 from .workloads import CONSTRAINED, load_cases, load_workload, schema_valid
-
-# (prompt_ids, params, max_new_tokens, seed, response_format | None) -> (generated ids, seconds, stats)
-RunFn = Callable[[list[int], SamplingParams, int, int, dict | None], tuple[list[int], float, Stats | None]]
-
-
-@dataclass
-class Method:
-    method: str  # exactspec-plain | exactspec-spec | exactspec-plain-unconstrained | hf-* | llamacpp-*
-    drafter: str | None
-    gamma: int | str | None
-    run: RunFn
-    constrains: bool = False  # decodes under a case's response_format
-    only_constrained: bool = False  # a row of constrained workloads alone
-
-
-def stops_at_eos(params: SamplingParams, response_format: dict | None) -> bool:
-    """T = 0, or a constrained case (its schema ends the output): runs stop at EOS; else fixed length."""
-    return params.greedy or response_format is not None
-
-
-def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, constrained: bool = True) -> Method:
-    """Our decoding loop; under a constrained workload's schema unless not `constrained`."""
-    def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
-        stats, result = Stats(), GenerationResult("", [], prompt_ids, "length")
-        t = time.perf_counter()
-        law = engine.make_law(result, params, response_format=response_format if constrained else None)
-        ids = list(engine.stream_ids(prompt_ids, params, max_new_tokens, gamma, seed, stats, drafter or "none",
-                                     stop_on_eos=stops_at_eos(params, response_format), law=law))
-        return ids, time.perf_counter() - t, stats
-
-    if not constrained:
-        return Method("exactspec-plain-unconstrained", None, 0, run, only_constrained=True)
-    name = "exactspec-plain" if gamma == 0 else "exactspec-spec"
-    return Method(name, drafter if gamma != 0 else None, gamma, run, constrains=True)
-
 
 def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
     module = engine.target.module

@@ -39,15 +39,11 @@ import os
 import subprocess
 import sys
 import threading
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..errors import ExactSpecError
-
-if TYPE_CHECKING:
-    from ..engine import Engine
 
 INSTALL_HINT = "llama-cpp-python is not installed: install the llamacpp extra: make llamacpp"
 DEFAULT_N_CTX = 4096
@@ -346,32 +342,3 @@ def load_llama_cpp(path: str, n_ctx: int | None = None, threads: int | None = No
     """A GGUF file as a `CausalLM` on llama.cpp. ExactSpecError (one line) if llama-cpp-python is
     missing or the file cannot be loaded. `kwargs`: n_batch, n_ubatch, or extra `llama_cpp.Llama` arguments."""
     return LlamaCppLM(path, n_ctx=n_ctx, threads=threads, eos_token_ids=eos_token_ids, repack=repack, **kwargs)
-
-
-def llamacpp_engine(path: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4,
-                    chat_template: bool = True, n_ctx: int | None = None, threads: int | None = None,
-                    repack: bool | None = None, **llama_kwargs) -> "Engine":
-    """`Engine` over a GGUF target run by llama.cpp; the tokenizer is transformers' reading of the same
-    GGUF (its ids are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter
-    name or a path to a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch,
-    flash_attn, type_k, ...)."""
-    from ..embedded import embedded_model_path
-    from ..engine import DRAFT_NAMES, Engine, check_gamma, check_same_vocab  # lazy: engine.py imports this module
-    from ..device import cpu_name
-    from .torch_hf import load_tokenizer
-
-    gamma = check_gamma(gamma)
-    path = path or embedded_model_path()
-    if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
-        raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
-    target = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
-    tokenizer = load_tokenizer(path)
-    draft_lm = None
-    if draft not in DRAFT_NAMES:
-        draft_lm = load_llama_cpp(draft, n_ctx=target.max_length, threads=threads,
-                                  eos_token_ids=target.eos_token_ids, repack=target.repack, **llama_kwargs)
-        check_same_vocab(target, draft_lm, tokenizer, draft)
-        draft = "model"
-    engine = Engine(target, tokenizer, draft, gamma, draft_lm, chat_template)
-    engine.dtype, engine.hardware = "gguf", f"llama.cpp on the CPU ({cpu_name()}), the GGUF's own weight types"
-    return engine

@@ -80,7 +80,7 @@ def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
 
 
 def add_batch_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..cli import _add_model_args
+    from ..cli_common import add_model_args
 
     p = subparsers.add_parser(
         "batch", help="generate for every line of a JSON-lines file (in-process or on Ray Data)",
@@ -95,7 +95,7 @@ def add_batch_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--batch-size", type=int, default=16, metavar="B", help="lines per batch (default 16)")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
                    help="token budget for lines that set no max_tokens (default 256)")
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
                    help="keep the KV of finished lines (prompt + answer) in up to MIB MiB: lines sharing a prefix "
                         "(a system prompt, few-shot examples) prefill only the rest (default 1024; 0 = off)")
@@ -124,7 +124,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise ExactSpecError(f"--cpus-per-worker must be > 0, got {args.cpus_per_worker}")
     lines = list(batch.read_lines(args.input))
     if args.replicas is None:
-        from ..cli import load_engine
+        from ..cli_common import load_engine
 
         engine = load_engine(args, prefix_cache_mb=load_kwargs(args)["prefix_cache_mb"])
         outputs = batch.run_local(engine, lines, args.batch_size, args.max_tokens)

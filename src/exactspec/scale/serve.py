@@ -70,7 +70,7 @@ class ExactSpecReplica:
 
     def __init__(self, load_kwargs: dict, model_name: str, max_rows: int) -> None:
         from ..engine import load
-        from ..server.cli import warm_up
+        from ..cli_common import warm_up
 
         self.engine = load(**load_kwargs)
         warm_up(self.engine)  # as the plain server: γ auto measures T(k) before the replica reports ready

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
-import time
 
 from ..errors import ExactSpecError
 
 
 def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `serve` on the CLI's subparsers; its handler is `args.func`."""
-    from ..cli import _add_model_args  # the same model options that `load_engine` reads
+    from ..cli_common import add_model_args  # the same model options that `load_engine` reads
 
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics. "
                     "One worker thread runs the model; concurrent requests (and a request's n samples) "
                     "decode as rows of one batch, new requests joining between iterations.")
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     p.add_argument("--max-rows", type=int, default=16, metavar="N",
@@ -41,7 +39,7 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, load the engine, then serve until interrupted."""
-    from ..cli import load_engine
+    from ..cli_common import load_engine, warm_up
     from ..engine import check_gamma
 
     args.gamma = check_gamma(args.gamma)
@@ -69,21 +67,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     uvicorn.run(create_app(engine, args.model_name or default_model_name(args.target), args.max_rows),
                 host=args.host, port=args.port, log_level="info")
     return 0
-
-
-def warm_up(engine) -> None:
-    """With γ "auto", measure the target's T(k) now (seconds on a CPU), not inside the first request,
-    and log what was measured and the prefix cache's budget."""
-    log = logging.getLogger("uvicorn.error")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    if engine.gamma == "auto" and engine.draft != "none":
-        t0 = time.perf_counter()
-        costs = engine.cost_model().target_s
-        log.info("gamma auto: measured the target's T(k) in %.1f s before serving: T(1) = %.1f ms, "
-                 "T(k)/T(1) for k = 2..%d: %s", time.perf_counter() - t0, costs[0] * 1e3, len(costs),
-                 " ".join(f"{c / costs[0]:.2f}" for c in costs[1:]))
-    cache = engine.prefix_cache
-    log.info("prefix cache: %s", f"{cache.budget / 2**20:.0f} MiB" if cache is not None else "off")
 
 
 def default_model_name(target: str | None) -> str:

