@@ -255,3 +255,22 @@ def test_join_prefill_equals_a_lone_prefill(fast_tiny):
     with pytest.raises(ExactSpecError):
         fast_tiny.join(list(range(fast_tiny.max_length)))
     assert fast_tiny.batch_size == 2
+
+
+def test_device_rule_equals_host_rule(fast_tiny, tiny_draft, monkeypatch):
+    """The GPU's rule (every sampled row verified in ONE batched tensor op, verify_torch.py), run here on
+    the CPU, gives each row the tokens of the per-row NumPy verifier: same uniforms, same rule. Rows with
+    point-mass and with model drafts share the op (the former get one-hot draft laws)."""
+    import exactspec.decode_batch as loop
+    from exactspec.drafters.model import ModelDrafter
+
+    params = SamplingParams(temperature=1.0, top_k=6)
+
+    def drafters():
+        return [PromptLookupDrafter(), ModelDrafter(tiny_draft), None, NGramDrafter(TINY_VOCAB)]
+
+    host = run_batch(fast_tiny, drafters(), PROMPTS, params, 3, 16, [10, 11, 12, 13])
+    real = loop.acceptance
+    monkeypatch.setattr(loop, "acceptance", lambda p, law, verifier, device: real(p, law, verifier, torch.device("cuda")))
+    assert loop.acceptance(params, None, None, torch.device("cpu")) is loop.ON_DEVICE
+    assert run_batch(fast_tiny, drafters(), PROMPTS, params, 3, 16, [10, 11, 12, 13]) == host

@@ -1,7 +1,7 @@
 """Per-position transforms of the target law: grammar masks, logit bias and penalties, and logprobs.
 
-Everything that reshapes the law sampled at a position lives here; both decode loops (decode.py,
-decode_batch.py) call it the same way. A `TargetLaw` turns the logits at the position that follows
+Everything that reshapes the law sampled at a position lives here; the decode loop (decode_batch.py)
+calls it for every row alike. A `TargetLaw` turns the logits at the position that follows
 `prefix` into the law sampled there:
 
     logits -> + logit_bias -> presence / frequency / repetition penalties(prefix) -> grammar mask(prefix)

@@ -290,7 +290,7 @@ class Engine:
         laws = [self.make_law(r, params, **law_options) for r in results]
         seeds = _row_seeds(seed, len(prompts), n)
         draft = self.draft if draft is None else draft
-        if not hasattr(self.target, "forward_rows") or self.uses_draft_model(draft) or params.lenience != 1:
+        if not self.target.batched or self.uses_draft_model(draft):
             return self._sequential(results, max_new_tokens, stop, seeds, gamma, draft, params, laws)
         first, policy = self.drafting(gamma, draft)  # one policy for the batch, one drafter per row
         drafters = [first] + [self.make_drafter(draft) if first else None for _ in results[1:]]

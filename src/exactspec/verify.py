@@ -15,8 +15,8 @@ p(x) >= L·max p. The output law is then NOT the target's: it leans towards the 
 are accepted, which is the point). L = 1 (the default) is the exact rule above, on the same code
 path. (Our reading of the paper's appendix, with its p/q names swapped to ours: p target, q draft.)
 
-One row at a time, in NumPy: both decode loops (one sequence, or a batch whose rows each verify their
-own drafts after one shared target forward) call it per row, and on a fast backend (llama.cpp,
+One row at a time, in NumPy: the decode loop (a batch whose rows each verify their own drafts after
+one shared target forward) calls it per row on the CPU, and on a fast backend (llama.cpp,
 ~10 ms per token) the ~25 small torch ops of a batched tensor formulation cost ~5% of every token.
 """
 

@@ -49,16 +49,3 @@ def verify_rows(
     else:
         residual = p_n
     return accepted, sample_rows(residual, uniforms[rows, gammas])
-
-
-def verify_on_device(draft_ids: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                     generator: torch.Generator | None = None) -> list[int]:
-    """`verify.verify` for one row whose laws are on a device: the same γ+1 uniforms from `generator`
-    (host RNG), one tensor verification, one small copy of ids back."""
-    gamma = len(draft_ids)
-    uniforms = torch.rand(gamma + 1, generator=generator)
-    accepted, nxt = verify_rows(torch.tensor([draft_ids], dtype=torch.long).view(1, gamma),
-                                torch.tensor([gamma]), None if draft_probs is None else draft_probs[None],
-                                target_probs[None], uniforms[None])
-    n, token = torch.stack([accepted, nxt]).tolist()
-    return draft_ids[: n[0]] + [token[0]]

@@ -86,7 +86,7 @@ class DraftBandit:
 
 class AutoDrafter:
     """A `Drafter` that delegates each proposal to the arm the bandit ranks first. `name` is the arm
-    that made the last proposal (what the decode loops record per drafter)."""
+    that made the last proposal (what the decode loop records per drafter)."""
 
     def __init__(self, bandit: DraftBandit, arms: dict[str, Drafter]) -> None:
         if not arms:

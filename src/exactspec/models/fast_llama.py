@@ -77,6 +77,8 @@ class FastLlamaLM:
     layout can be tried (models/layouts.py) without touching the module.
     """
 
+    batched = True
+
     def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None, capacity: int = 1024,
                  batch_invariant: bool | None = None, dtype: torch.dtype | None = None):
         if not supports(module):
@@ -146,9 +148,9 @@ class FastLlamaLM:
     def truncate(self, length: int) -> None:
         self.truncate_rows(torch.tensor([length]))
 
-    def truncate_rows(self, lengths: torch.Tensor) -> None:
+    def truncate_rows(self, lengths: list[int] | torch.Tensor) -> None:
         """lengths [B]: keep the first lengths[b] positions of each row."""
-        lengths = lengths.cpu()
+        lengths = torch.as_tensor(lengths, dtype=torch.long).cpu()
         if (lengths < 0).any() or (lengths > self.lengths).any():
             raise ValueError(f"cannot truncate to {lengths.tolist()}: {self.lengths.tolist()} tokens cached")
         self.lengths = lengths.clone()

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ..errors import ExactSpecError
+from .base import OneRow
 
 INSTALL_HINT = "llama-cpp-python is not installed: install the llamacpp extra: make llamacpp"
 DEFAULT_N_CTX = 4096
@@ -144,7 +145,7 @@ def check_gguf_file(path: str) -> None:
             raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
 
 
-class LlamaCppLM:
+class LlamaCppLM(OneRow):
     """`CausalLM` (batch 1, sequence 0) over a llama.cpp context."""
 
     def __init__(self, path: str, n_ctx: int | None = None, threads: int | None = None,
@@ -194,7 +195,8 @@ class LlamaCppLM:
     def length(self) -> int:
         return self._length
 
-    def reset(self) -> None:
+    def reset(self, batch: int = 1) -> None:
+        self._set_rows(batch)
         # metadata only: zeroing the buffers (data=True) took 7-10 ms per generation with a 4096-token
         # context; freed cells are never read, as after any rollback
         self._lib.llama_memory_clear(self.memory, False)

@@ -18,6 +18,7 @@ import os
 import torch
 
 from ..errors import ExactSpecError
+from .base import OneRow
 from .torch_hf import crop
 
 
@@ -44,7 +45,7 @@ def load_seq2seq_model(path: str, dtype: torch.dtype = torch.float32) -> torch.n
     return model.eval()
 
 
-class Seq2SeqLM:
+class Seq2SeqLM(OneRow):
     """`CausalLM` over the decoder of a transformers encoder-decoder model (batch 1)."""
 
     is_encoder_decoder = True
@@ -90,8 +91,9 @@ class Seq2SeqLM:
         self.cache = self._new_cache()
         self._length = 0
 
-    def reset(self) -> None:
+    def reset(self, batch: int = 1) -> None:
         """Forget the decoder's tokens; the source (and its cross-attention cache) stays."""
+        self._set_rows(batch)
         self.truncate(0)
 
     @torch.inference_mode()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ExactSpecError
+from .base import OneRow
 
 
 @dataclass
@@ -61,7 +62,7 @@ def load_hf_model(path: str, dtype: torch.dtype = torch.float32, device: torch.d
     return model.to(device).eval()
 
 
-class HFCausalLM:
+class HFCausalLM(OneRow):
     """`CausalLM` over a transformers model with one sequence (batch 1) and a DynamicCache."""
 
     def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None):
@@ -83,7 +84,8 @@ class HFCausalLM:
     def length(self) -> int:
         return self._length
 
-    def reset(self) -> None:
+    def reset(self, batch: int = 1) -> None:
+        self._set_rows(batch)
         self.cache = self._cache_cls(config=self.module.config)
         self._length = 0
 

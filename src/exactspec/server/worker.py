@@ -97,7 +97,7 @@ class Worker:
 
     def __init__(self, engine: Engine, metrics: Metrics, max_rows: int = 16) -> None:
         self.engine, self.metrics, self.max_rows = engine, metrics, max_rows
-        self.batched = max_rows > 1 and hasattr(engine.target, "join") and not engine.uses_draft_model()
+        self.batched = max_rows > 1 and engine.target.batched and not engine.uses_draft_model()
         self.batch_rows = Histogram("exactspec_batch_rows", "Rows decoded by each batched target forward",
                                     buckets=(1, 2, 4, 8, 16, 32, 64), registry=metrics.registry)
         self._waiting: deque[list[_Slot] | None] = deque()  # one entry per request (its samples); None: stop
