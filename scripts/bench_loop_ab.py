@@ -1,0 +1,184 @@
+"""A/B speed of the decode loop at B = 1 between two commits, interleaved in ONE run.
+
+Each commit is checked out into a temporary worktree and served by a worker process (PYTHONPATH = that
+worktree's src) that loads the engine once per backend and runs what `exactspec bench` runs for a row
+(`bench.runner.exactspec_method`: prefill + decode of one prompt, timed). The driver sends every run to
+every worker back to back, the worker order rotating run by run, so machine noise (other jobs on the
+cores) falls on both commits alike. A second worker on the OLD commit ("old'") measures the noise band:
+old'/old is what a ratio looks like when nothing changed. Every worker gets the same request sequence,
+so auto γ learns the same things in each; at T = 0 (and at T = 1 with a fixed γ: same uniforms) the
+outputs of both commits must be identical, and the script says where they are not.
+
+    .venv/bin/python scripts/bench_loop_ab.py OLD NEW [--backends torch,llama.cpp] [--workloads grounded,edit]
+        [--temperatures 0,1] [--gammas 4,auto] [--prompts 2] [--reps 2] [--max-new-tokens 48] [--json FILE]
+
+Ratios are NEW tokens/s over OLD tokens/s per row (prompts summed within a repetition, then the median
+over repetitions); > 1 means NEW is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKER = r"""
+import json, os, sys
+out = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)  # anything else the libraries print goes to stderr
+from exactspec.bench.runner import exactspec_method
+from exactspec.bench.workloads import load_cases
+from exactspec.engine import load
+from exactspec import SamplingParams  # the public name: the same in every commit
+
+engines, prompts = {}, {}
+for line in sys.stdin:
+    req = json.loads(line)
+    backend = req["backend"]
+    if backend not in engines:
+        engine = engines[backend] = load(backend=backend, threads=req["threads"], dtype=req["dtype"])
+        engine.cost_model("prompt-lookup")  # auto γ's T(k): measured once, outside every timing
+    engine = engines[backend]
+    key = (backend, req["workload"])
+    if key not in prompts:
+        prompts[key] = [engine.encode(c.prompt) for c in load_cases(req["workload"])]
+    method = exactspec_method(engine, req["drafter"], req["gamma"])
+    ids, seconds, _ = method.run(prompts[key][req["prompt"]], SamplingParams(temperature=req["temperature"]),
+                                 req["max_new_tokens"], req["seed"], None)
+    out.write(json.dumps({"tokens": len(ids), "seconds": seconds, "ids": ids}) + "\n")
+"""
+
+
+class Worker:
+    def __init__(self, name: str, src: str):
+        self.name = name
+        env = {**os.environ, "PYTHONPATH": src, "TQDM_DISABLE": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+
+    def run(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.name} died (see its stderr above)")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def checkout(repo: str, commit: str, where: str) -> str:
+    subprocess.run(["git", "-C", repo, "worktree", "add", "--detach", "-q", where, commit], check=True)
+    return os.path.join(where, "src")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--backends", default="torch,llama.cpp")
+    p.add_argument("--workloads", default="grounded,edit")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--gammas", default="4,auto", help="comma list of γ (integers or auto); drafter prompt lookup")
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--no-control", action="store_true", help="skip the old' worker (no noise band)")
+    p.add_argument("--json", metavar="FILE", help="also write every run and the table as JSON")
+    args = p.parse_args()
+    repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    tmp = tempfile.mkdtemp(prefix="loop-ab-")
+    trees = {"old": checkout(repo, args.old, os.path.join(tmp, "old")),
+             "new": checkout(repo, args.new, os.path.join(tmp, "new"))}
+    names = ["old", "new"] + ([] if args.no_control else ["old'"])
+    workers = [Worker(n, trees[n.rstrip("'")]) for n in names]
+    try:
+        runs = drive(workers, args)
+    finally:
+        for w in workers:
+            w.close()
+        for where in ("old", "new"):
+            subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", os.path.join(tmp, where)])
+    table = report(runs, names, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"old": args.old, "new": args.new, "table": table, "runs": runs}, f)
+    return 0
+
+
+def drive(workers: list[Worker], args) -> list[dict]:
+    """Every (rep, backend, workload, prompt, T, γ) run on every worker, back to back, order rotating."""
+    gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    grid = list(itertools.product(range(args.reps), args.backends.split(","), args.workloads.split(","),
+                                  range(args.prompts), temperatures, gammas))
+    for backend, workload in itertools.product(args.backends.split(","), args.workloads.split(",")):
+        warm = dict(backend=backend, workload=workload, prompt=0, temperature=0.0, gamma=gammas[0],
+                    drafter="prompt-lookup", max_new_tokens=8, seed=0, threads=args.threads, dtype=args.dtype)
+        for w in workers:  # load, measure T(k), first prefill: outside every timing
+            w.run(warm)
+    runs, start = [], time.perf_counter()
+    for i, (rep, backend, workload, prompt, temperature, gamma) in enumerate(grid):
+        request = dict(backend=backend, workload=workload, prompt=prompt, temperature=temperature, gamma=gamma,
+                       drafter="prompt-lookup", max_new_tokens=args.max_new_tokens, seed=1000 * rep + prompt,
+                       threads=args.threads, dtype=args.dtype)
+        for w in workers[i % len(workers):] + workers[: i % len(workers)]:
+            runs.append({**request, "rep": rep, "worker": w.name, **w.run(request)})
+        if i % 10 == 9:
+            print(f"  {i + 1}/{len(grid)} runs x {len(workers)} workers, {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr)
+    return runs
+
+
+def report(runs: list[dict], names: list[str], args) -> list[dict]:
+    """Per row: tokens/s of each worker (median over reps of prompts summed), NEW/OLD and OLD'/OLD."""
+    rows = {}
+    for r in runs:
+        key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]))
+        cell = rows.setdefault(key, {}).setdefault(r["worker"], {}).setdefault(r["rep"], [0, 0.0])
+        cell[0] += r["tokens"]
+        cell[1] += r["seconds"]
+    identical = {}
+    for r in runs:  # NEW's tokens == OLD's, run by run
+        if r["worker"] == "new":
+            old = next(o for o in runs if o["worker"] == "old" and all(o[k] == r[k] for k in (
+                "backend", "workload", "temperature", "gamma", "prompt", "rep")))
+            key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]))
+            identical[key] = identical.get(key, True) and old["ids"] == r["ids"]
+    table = []
+    control_head = "" if "old'" not in names else "  " + "old'/old".rjust(8)
+    print(f"\n{'backend':9s} {'workload':8s} {'T':>3s} {'γ':>4s}  " + "  ".join(f"{n + ' tok/s':>11s}" for n in names)
+          + f"  {'new/old':>8s}" + control_head + "  same tokens")
+    for key, cells in rows.items():
+        tps = {n: {rep: t / s for rep, (t, s) in cells[n].items()} for n in names}
+        ratio = statistics.median(tps["new"][rep] / tps["old"][rep] for rep in tps["old"])
+        control = statistics.median(tps["old'"][rep] / tps["old"][rep] for rep in tps["old"]) if "old'" in names else None
+        row = dict(backend=key[0], workload=key[1], temperature=key[2], gamma=key[3],
+                   tokens_per_s={n: statistics.median(tps[n].values()) for n in names}, new_over_old=ratio,
+                   control_over_old=control, identical=identical[key])
+        table.append(row)
+        print(f"{key[0]:9s} {key[1]:8s} {key[2]:3g} {key[3]:>4s}  "
+              + "  ".join(f"{row['tokens_per_s'][n]:11.1f}" for n in names) + f"  {ratio:8.3f}"
+              + ("" if control is None else f"  {control:8.3f}") + f"  {'yes' if identical[key] else 'NO'}")
+    ratios = [r["new_over_old"] for r in table]
+    print(f"\nnew/old: geometric mean {statistics.geometric_mean(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
+    if "old'" in names:
+        controls = [r["control_over_old"] for r in table]
+        print(f"noise band (old'/old, same commit): geometric mean {statistics.geometric_mean(controls):.3f}, "
+              f"range {min(controls):.3f}-{max(controls):.3f}")
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())
