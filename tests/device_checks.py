@@ -8,15 +8,15 @@ import itertools
 
 import torch
 
-from exactspec.decode import decode
-from exactspec.decode_batch import decode_batch
+from exactspec.spec.loop import decode
+from exactspec.spec.loop import decode_batch
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.models.torch_hf import HFCausalLM
-from exactspec.sampling import SamplingParams, warp
-from exactspec.verify import verify_reference
-from exactspec.verify_torch import verify_rows
+from exactspec.spec.sampling import SamplingParams, warp
+from exactspec.spec.verify import verify_reference
+from exactspec.spec.verify_torch import verify_rows
 
 VOCAB = 8
 PROMPT = [3, 5, 2, 3, 5]

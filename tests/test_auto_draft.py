@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from exactspec.decode import decode
+from exactspec.spec.loop import decode
 from exactspec.drafters.auto import AutoDrafter, DraftBandit
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from exactspec.engine import Engine
 from exactspec.models.fast_llama import FastLlamaLM
-from exactspec.sampling import SamplingParams
+from exactspec.spec.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB, tiny_llama

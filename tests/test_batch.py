@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.costmodel import AutoGamma, CostModel, measure_target
-from exactspec.decode import decode
-from exactspec.decode_batch import BatchDecoder, Row, decode_batch
+from exactspec.spec.costmodel import AutoGamma, CostModel, measure_target
+from exactspec.spec.loop import decode
+from exactspec.spec.loop import BatchDecoder, Row, decode_batch
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from exactspec.errors import ExactSpecError
 from exactspec.models.fast_llama import FastLlamaLM
-from exactspec.sampling import SamplingParams
+from exactspec.spec.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB, tiny_llama
@@ -102,7 +102,7 @@ def sample_batched_counts(target, params, verifier, batches=750, rows=4):
 
 @pytest.mark.usefixtures("one_thread")
 def test_batched_rows_follow_target_law(fast_tiny):
-    from exactspec.verify import verify
+    from exactspec.spec.verify import verify
 
     params = SamplingParams(temperature=1.0)
     law = exact_law(fast_tiny, params)
@@ -261,8 +261,9 @@ def test_device_rule_equals_host_rule(fast_tiny, tiny_draft, monkeypatch):
     """The GPU's rule (every sampled row verified in ONE batched tensor op, verify_torch.py), run here on
     the CPU, gives each row the tokens of the per-row NumPy verifier: same uniforms, same rule. Rows with
     point-mass and with model drafts share the op (the former get one-hot draft laws)."""
-    import exactspec.decode_batch as loop
+    import exactspec.spec.loop as loop
     from exactspec.drafters.model import ModelDrafter
+    from exactspec.spec.accept import ON_DEVICE
 
     params = SamplingParams(temperature=1.0, top_k=6)
 
@@ -272,5 +273,5 @@ def test_device_rule_equals_host_rule(fast_tiny, tiny_draft, monkeypatch):
     host = run_batch(fast_tiny, drafters(), PROMPTS, params, 3, 16, [10, 11, 12, 13])
     real = loop.acceptance
     monkeypatch.setattr(loop, "acceptance", lambda p, law, verifier, device: real(p, law, verifier, torch.device("cuda")))
-    assert loop.acceptance(params, None, None, torch.device("cpu")) is loop.ON_DEVICE
+    assert loop.acceptance(params, None, None, torch.device("cpu")) is ON_DEVICE
     assert run_batch(fast_tiny, drafters(), PROMPTS, params, 3, 16, [10, 11, 12, 13]) == host

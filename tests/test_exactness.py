@@ -9,11 +9,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from exactspec.decode import decode
+from exactspec.spec.loop import decode
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
-from exactspec.sampling import SamplingParams, warp
-from exactspec.verify import verify
+from exactspec.spec.sampling import SamplingParams, warp
+from exactspec.spec.verify import verify
 
 from .conftest import TINY_VOCAB
 

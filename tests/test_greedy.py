@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.decode import decode
+from exactspec.spec.loop import decode
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
-from exactspec.sampling import SamplingParams
+from exactspec.spec.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB

@@ -67,7 +67,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_read():
     edges = graph()
-    assert "exactspec.engine" in edges and "exactspec.sampling" in edges["exactspec.verify"]
+    assert "exactspec.engine" in edges and "exactspec.spec.sampling" in edges["exactspec.spec.verify"]
 
 
 def test_a_planted_cycle_is_found():

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.decode import decode
-from exactspec.drafters.base import Proposal
+from exactspec.spec.loop import decode
+from exactspec.spec.interfaces import Proposal
 from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from exactspec.errors import ExactSpecError
-from exactspec.sampling import SamplingParams
+from exactspec.spec.sampling import SamplingParams
 from exactspec.stats import Stats
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.decode import decode
-from exactspec.decode_batch import decode_batch
+from exactspec.spec.loop import decode
+from exactspec.spec.loop import decode_batch
 from exactspec.drafters.ngram import PromptLookupDrafter
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.models.prefix_cache import PrefixCache, common_prefix
-from exactspec.sampling import SamplingParams
+from exactspec.spec.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from .conftest import tiny_llama

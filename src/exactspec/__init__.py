@@ -1,14 +1,14 @@
 """exactspec: exact speculative decoding for local Transformer language models."""
 
-from .decode import decode
-from .drafters.base import Drafter, Proposal
+from .spec.loop import decode
+from .spec.interfaces import Drafter, Proposal
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
 from .engine import Engine, GenerationResult, load
 from .errors import ExactSpecError
-from .sampling import SamplingParams, warp
+from .spec.sampling import SamplingParams, warp
 from .stats import Stats
-from .verify import verify, verify_with_uniforms
+from .spec.verify import verify, verify_with_uniforms
 
 __all__ = [
     "decode", "Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Engine",

@@ -35,7 +35,7 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
 
 def constraint_from_args(args: argparse.Namespace) -> dict | None:
     """The --json-schema / --json-object / --regex / --grammar choice as a constraint spec, checked."""
-    from .constraints import grammar_from_spec
+    from .spec.law import grammar_from_spec
 
     def read(path: str) -> str:
         try:
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import check_gamma
-    from .sampling import SamplingParams
+    from .spec.sampling import SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -366,7 +366,7 @@ def _dtype_test(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from .bench.workloads import load_workload
-    from .sampling import SamplingParams
+    from .spec.sampling import SamplingParams
     from .stats import Stats
 
     _check_free_text(args.workloads.split(",") if args.table else [args.workload])
@@ -408,7 +408,7 @@ def _tune_table(args: argparse.Namespace) -> int:
 
     from .bench.table import measure_table, to_markdown
     from .bench.workloads import WORKLOADS
-    from .sampling import SamplingParams
+    from .spec.sampling import SamplingParams
 
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
@@ -443,7 +443,7 @@ def _tune_table(args: argparse.Namespace) -> int:
 
 
 def cmd_theory(args: argparse.Namespace) -> int:
-    from . import theory
+    from .spec import theory
 
     if args.table:
         print("alpha  gamma  arithmetic ops  walltime")

@@ -15,26 +15,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .constraints import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec, llg_tokenizer
-from .costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
-from .decode import decode
-from .decode_batch import decode_batch
 from .detokenize import IncrementalText
-from .drafters.auto import AutoDrafter, DraftBandit
 from .device import cpu_name, describe, resolve_device, resolve_dtype
-from .drafters.base import Drafter
+from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter, PromptLookupDrafter
 from .drafters.source import read_source
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
-from .models.base import CausalLM
 from .models.layouts import choose_layout, layout_named
 from .models.prefix_cache import PrefixCache
 from .models.seq2seq import Seq2SeqLM, is_encoder_decoder, load_seq2seq_model
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
-from .sampling import SamplingParams
+from .spec.costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
+from .spec.interfaces import CausalLM, Drafter
+from .spec.law import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec, llg_tokenizer
+from .spec.loop import decode, decode_batch
+from .spec.sampling import SamplingParams
 from .stats import Stats, total
 
 DRAFT_NAMES = ("prompt-lookup", "bigram", "unigram", "auto", "none")
@@ -232,7 +230,7 @@ class Engine:
     def make_law(self, result: GenerationResult, params: SamplingParams, response_format=None, grammar=None,
                  logit_bias: dict | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, logprobs: int | None = None) -> TargetLaw | None:
-        """The per-position law of one generation (constraints.py), or None when it is the plain warp.
+        """The per-position law of one generation (spec/law.py), or None when it is the plain warp.
         `response_format`: OpenAI's ({"type": "json_object"}, {"type": "json_schema", "json_schema": {...}})
         or a pydantic model class; `grammar`: a Lark grammar string, or {"type": "regex", "regex": RE} /
         {"type": "grammar", "grammar": LARK}; `logprobs`: report each token's log-probability and its k

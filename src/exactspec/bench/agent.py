@@ -26,7 +26,7 @@ from importlib import resources
 import torch
 
 from ..engine import Engine
-from ..sampling import SamplingParams
+from ..spec.sampling import SamplingParams
 from ..stats import Stats, total
 
 TOOL_PREFIX = "Tool output:\n"

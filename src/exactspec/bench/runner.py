@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine import Engine
-from ..sampling import SamplingParams
+from ..spec.sampling import SamplingParams
 from ..stats import Stats, total
 from .methods import Method, exactspec_method
 from .workloads import CONSTRAINED, load_cases, load_workload, schema_valid

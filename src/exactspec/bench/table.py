@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .. import theory
+from ..spec import theory
 from ..engine import Engine
-from ..sampling import SamplingParams
+from ..spec.sampling import SamplingParams
 from ..stats import Stats, total
 from .workloads import load_workload
 

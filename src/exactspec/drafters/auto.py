@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..sampling import SamplingParams
-from ..theory import expected_tokens
-from .base import Drafter, Proposal
+from ..spec.sampling import SamplingParams
+from ..spec.theory import expected_tokens
+from ..spec.interfaces import Drafter, Proposal
 
 
 @dataclass

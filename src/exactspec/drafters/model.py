@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.base import CausalLM
-from ..sampling import sample, warp
-from .base import Proposal
+from ..spec.interfaces import CausalLM
+from ..spec.sampling import sample, warp
+from ..spec.interfaces import Proposal
 
 
 class ModelDrafter:

@@ -6,8 +6,8 @@ from collections import Counter, defaultdict
 
 import torch
 
-from ..sampling import SamplingParams, sample, warp
-from .base import Proposal
+from ..spec.sampling import SamplingParams, sample, warp
+from ..spec.interfaces import Proposal
 
 
 MAX_MATCH = 64  # longest match length worth measuring: beyond it the copy is as good as certain

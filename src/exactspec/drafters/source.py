@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams
-from .base import Drafter, Proposal
+from ..spec.sampling import SamplingParams
+from ..spec.interfaces import Drafter, Proposal
 from .model import ModelDrafter
 
 

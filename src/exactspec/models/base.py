@@ -1,71 +1,11 @@
-"""The causal-LM adapter interface the decode loop talks to.
-
-An adapter owns its KV cache: `forward` appends new tokens and returns logits for every one of them
-(one pass, so verifying γ drafts costs one call), `prefill` appends without logits, `truncate` rolls the cache back to an earlier length
-(rejected drafts are forgotten by a length change, not a copy).
-
-The decode loop (decode_batch.py) runs every generation as a batch of rows, so it talks to the batch
-methods: `forward_rows`, `truncate_rows`, `select_rows`, `reset(batch)`, `join`. An adapter whose cache
-holds one sequence (transformers, encoder-decoder, llama.cpp) inherits them from `OneRow`: a batch of
-at most one row, so B = 1 needs no special case in the loop. `batched` says which kind an adapter is
-(the server and `Engine.generate_batch` decode one-row adapters' requests one after another).
-"""
+"""The batch methods for adapters whose cache holds one sequence (see spec/interfaces.py: CausalLM)."""
 
 from __future__ import annotations
-
-from typing import Protocol, runtime_checkable
 
 import torch
 
 from ..errors import ExactSpecError
 from .prefix_cache import prefill_prompt
-
-
-@runtime_checkable
-class CausalLM(Protocol):
-    vocab_size: int
-    eos_token_ids: set[int]
-    max_length: int  # context window in tokens
-    batched: bool  # the cache holds many rows (False: at most one, see OneRow)
-
-    @property
-    def length(self) -> int:
-        """Number of tokens currently held in the KV cache (row 0's)."""
-        ...
-
-    def reset(self, batch: int = 1) -> None:
-        """Forget every cached token; the cache then holds `batch` empty rows."""
-        ...
-
-    def forward(self, new_ids: torch.Tensor) -> torch.Tensor:
-        """new_ids [1, k] appended to the cache -> logits [1, k, V] (float32)."""
-        ...
-
-    def prefill(self, new_ids: torch.Tensor) -> None:
-        """Like `forward`, but computes no logits: for prompt tokens whose logits nobody reads (the
-        output projection over V is a large share of a prefill on small models)."""
-        ...
-
-    def truncate(self, length: int) -> None:
-        """Keep only the first `length` cached tokens."""
-        ...
-
-    # --- the batch methods (the decode loop's) ---------------------------------------------------
-    def forward_rows(self, new_ids: torch.Tensor, logits: bool = True) -> torch.Tensor | None:
-        """new_ids [B, k]: every row appends k positions at its own length -> logits [B, k, V] (or None)."""
-        ...
-
-    def truncate_rows(self, lengths: list[int] | torch.Tensor) -> None:
-        """lengths [B]: keep the first lengths[b] positions of each row."""
-        ...
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep (or repeat) the given rows [B'], in that order."""
-        ...
-
-    def join(self, prompt_ids: list[int], copies: int = 1) -> int:
-        """Append `copies` rows holding prompt_ids[:-1] (through the prefix cache, if any) -> tokens reused."""
-        ...
 
 
 class OneRow:

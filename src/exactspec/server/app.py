@@ -17,10 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..constraints import Penalties, grammar_from_spec
+from ..spec.law import Penalties, grammar_from_spec
 from ..engine import Engine, GenerationResult
 from ..errors import ExactSpecError
-from ..sampling import SamplingParams
+from ..spec.sampling import SamplingParams
 from .metrics import Metrics
 from .responses import Shapes, error_body, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest

@@ -18,7 +18,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..constraints import JSON_OPTIONS
+from ..spec.law import JSON_OPTIONS
 from ..errors import ExactSpecError
 
 TAG = "<tool_call>"

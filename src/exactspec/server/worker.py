@@ -6,7 +6,7 @@ tokens whose text it completes, when the job asked for logprobs) travel back to 
 `loop.call_soon_threadsafe` into an `asyncio.Queue` owned by the request.
 
 Continuous batching: the worker decodes every job it holds as a row of one batch (one target
-forward per iteration for all rows, see decode_batch.py). Between iterations it admits the jobs
+forward per iteration for all rows, see spec/loop.py). Between iterations it admits the jobs
 queued meanwhile, oldest first, up to `max_rows` rows; a request's n samples are queued together and
 join together, sharing one prefill. Each row keeps its own sampling parameters, γ, drafter and
 seed, so its output is exactly what it would be alone. A row leaves when it is done, hits a stop
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
 
-from ..decode_batch import BatchDecoder, Row
+from ..spec.loop import BatchDecoder, Row
 from ..engine import Engine, GenerationResult, seeded, split_sampling
 from ..errors import ExactSpecError
 from .metrics import Metrics

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .device import device_of, synchronize
-from .models.base import CausalLM
+from ..device import device_of, synchronize
+from .interfaces import CausalLM
 from .theory import expected_tokens
 
 

@@ -1,6 +1,6 @@
 """Per-position transforms of the target law: grammar masks, logit bias and penalties, and logprobs.
 
-Everything that reshapes the law sampled at a position lives here; the decode loop (decode_batch.py)
+Everything that reshapes the law sampled at a position lives here; the decode loop (loop.py)
 calls it for every row alike. A `TargetLaw` turns the logits at the position that follows
 `prefix` into the law sampled there:
 
@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .drafters.base import Proposal
-from .errors import ExactSpecError
+from .interfaces import Proposal
+from ..errors import ExactSpecError
 from .sampling import SamplingParams, warp
 
 # keywords of Engine.make_law (the rest of a request's sampling keywords go to SamplingParams)

@@ -1,0 +1,184 @@
+"""Steps 2 and 3 of the loop: what one target forward gave the batch (`Scored`), and the rule by which each
+row accepts a prefix of its drafts and one more token (`Rule`, chosen once per row by `acceptance`)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+
+from .law import TargetLaw
+from .rows import Draft, Row
+from .sampling import SamplingParams, warp
+from .verify import accept_greedy, accept_greedy_lenient, verify
+from .verify_torch import verify_rows
+
+
+class Scored:
+    """What ONE target forward gave the batch; each view is computed once, on first use by a rule."""
+
+    def __init__(self, rows: list[Row], drafts: list[Draft], logits: torch.Tensor | None = None,
+                 argmax: list[list[int]] | None = None):
+        self.rows, self.drafts, self.logits = rows, drafts, logits  # logits [A, K+1, V]
+        if argmax is not None:
+            self.argmax = argmax
+
+    @cached_property
+    def argmax(self) -> list[list[int]]:
+        """[A][K+1] the target's argmax at every fed position (NumPy on the CPU: no torch op overhead)."""
+        x = self.logits
+        return x.numpy().argmax(-1).tolist() if x.device.type == "cpu" else x.argmax(-1).tolist()
+
+    @cached_property
+    def laws(self) -> tuple[dict[int, int], torch.Tensor]:
+        """(row -> its index i, laws [R, K+1, V]) for the rows whose rule verifies against target laws:
+        each row's law transform (grammar, penalties) where it has one, else the warp of its params."""
+        rest = [j for j, row in enumerate(self.rows) if row.rule.needs_laws]
+        logits = self.logits if len(rest) == len(self.rows) else self.logits[rest]  # [R, K+1, V]
+        shaped = [i for i, j in enumerate(rest) if self.rows[j].law is not None and not self.rows[j].law.trivial]
+        if len(rest) == 1 and shaped:  # one row with a law (a lone generation): its laws as they come
+            row, ids = self.rows[rest[0]], self.drafts[rest[0]].ids
+            return {rest[0]: 0}, row.law.probs(logits[0, : len(ids) + 1], ids)[None]  # [1, k+1, V]
+        if len(shaped) < len(rest):
+            probs = _warp_rows(logits, [self.rows[j].params for j in rest])
+        else:
+            probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        for i in shaped:
+            row, ids = self.rows[rest[i]], self.drafts[rest[i]].ids
+            probs[i, : len(ids) + 1] = row.law.probs(logits[i, : len(ids) + 1], ids)
+        return {j: i for i, j in enumerate(rest)}, probs
+
+    def law(self, j: int) -> torch.Tensor:
+        """Row j's target laws [k+1, V]."""
+        index, probs = self.laws
+        return probs[index[j], : len(self.drafts[j].ids) + 1]
+
+    @cached_property
+    def on_device(self) -> dict[int, list[int]]:
+        """Every device-verified row's emitted tokens, from ONE batched tensor verification."""
+        index, probs = self.laws
+        members = [j for j in index if self.rows[j].rule is ON_DEVICE]
+        found = verify_on_device([self.rows[j] for j in members], [self.drafts[j] for j in members],
+                                 probs[[index[j] for j in members]])
+        return dict(zip(members, found))
+
+
+def _warp_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits [A, K+1, V] -> probs [A, K+1, V], each row warped with its own parameters."""
+    if all(p == params[0] for p in params):
+        return warp(logits, params[0])
+    probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    for p in dict.fromkeys(params):  # rows sharing parameters are warped together
+        rows = torch.tensor([j for j, q in enumerate(params) if q == p], device=logits.device)
+        probs[rows] = warp(logits[rows], p)
+    return probs
+
+
+# --- accept: one rule per row, chosen when it joins -----------------------------------------------
+
+class Rule:
+    """How a row turns its drafts and the scored window into emitted tokens (accepted drafts + one)."""
+
+    needs_logits = True  # False: the target's argmax is all it reads (llama.cpp then skips the [k, V] copy)
+    needs_laws = False  # it verifies against warped target laws (Scored.laws)
+
+    def accept(self, scored: Scored, j: int) -> list[int]:
+        raise NotImplementedError
+
+
+class GreedyArgmax(Rule):
+    """Temperature 0, no law: drafts kept while they equal the target's argmax (`verify` on one-hot laws)."""
+
+    needs_logits = False
+
+    def accept(self, scored: Scored, j: int) -> list[int]:
+        ids = scored.drafts[j].ids
+        return accept_greedy(ids, scored.argmax[j][: len(ids) + 1])
+
+
+class GreedyMasked(Rule):
+    """Temperature 0 under a grammar without penalties: a mask only where the grammar refuses the argmax."""
+
+    def accept(self, scored: Scored, j: int) -> list[int]:
+        ids = scored.drafts[j].ids
+        return scored.rows[j].law.greedy(scored.logits[j, : len(ids) + 1], ids)
+
+
+class GreedyLenient(Rule):
+    """Temperature 0 with lenience L < 1 (LOSSY): compares the un-warped target law (verify.py)."""
+
+    def accept(self, scored: Scored, j: int) -> list[int]:
+        ids, row = scored.drafts[j].ids, scored.rows[j]
+        probs = scored.logits[j, : len(ids) + 1].softmax(-1).cpu()  # [k+1, V]
+        return accept_greedy_lenient(ids, probs, row.params.lenience)
+
+
+class Sampled(Rule):
+    """The speculative-sampling verifier, one row at a time on host memory (NumPy: per row it is the
+    fastest on a CPU), or an injected verifier (tests) on the laws where they are."""
+
+    needs_laws = True
+
+    def __init__(self, verifier=verify, lenience: float = 1.0):
+        self.verifier, self.host = verifier, verifier is verify
+        self.options = {} if lenience == 1 else {"lenience": lenience}
+
+    def accept(self, scored: Scored, j: int) -> list[int]:
+        d, laws = scored.drafts[j], scored.law(j)
+        probs = d.probs[: len(d.ids)] if d.probs is not None else None
+        if self.host:  # the NumPy verifier reads host memory (no copy on the CPU)
+            laws, probs = laws.cpu(), None if probs is None else probs.cpu()
+        return self.verifier(d.ids, probs, laws, scored.rows[j].generator, **self.options)
+
+
+class OnDevice(Rule):
+    """The same verifier batched over rows as tensor ops (verify_torch.py): the laws stay on the GPU."""
+
+    needs_laws = True
+
+    def accept(self, scored: Scored, j: int) -> list[int]:
+        return scored.on_device[j]
+
+
+ARGMAX, MASKED, ON_DEVICE = GreedyArgmax(), GreedyMasked(), OnDevice()
+
+
+def acceptance(params: SamplingParams, law: TargetLaw | None, verifier, device: torch.device) -> Rule:
+    """A row's rule, decided once. `verifier`: an injected one (tests' seam; None = the standard
+    verifier) sees every row's warped laws, greedy or not. Greedy rows read the argmax (or their law's
+    masked argmax) where that gives the same tokens as `verify` on one-hot laws, ties included."""
+    lenient = params.lenience != 1
+    if verifier is not None:
+        return Sampled(verifier, params.lenience)
+    if params.greedy and not lenient and (law is None or law.trivial):
+        return ARGMAX
+    if params.greedy and not lenient and law.greedy_fast:
+        return MASKED
+    if params.greedy and law is None:  # lenient greedy compares the un-warped target law
+        return GreedyLenient()
+    if device.type != "cpu" and not lenient:
+        return ON_DEVICE
+    return Sampled(verify, params.lenience)
+
+
+def verify_on_device(rows: list[Row], drafts: list[Draft], target_probs: torch.Tensor) -> list[list[int]]:
+    """Every row's emitted tokens from ONE batched tensor verification (verify_torch.verify_rows) on
+    the laws' device [A, K+1, V]; each row draws its γ+1 uniforms from its own generator exactly as the
+    per-row verifier does, so outputs do not change. Only the ids come back to the host."""
+    A, width = target_probs.shape[:2]
+    draft_ids = torch.zeros(A, width - 1, dtype=torch.long)
+    uniforms = torch.zeros(A, width)
+    gammas = torch.tensor([len(d.ids) for d in drafts], dtype=torch.long)
+    with_probs = any(d.probs is not None for d in drafts)
+    draft_probs = torch.zeros(A, width - 1, target_probs.shape[-1], device=target_probs.device) if with_probs else None
+    for j, (row, d) in enumerate(zip(rows, drafts)):
+        k = len(d.ids)
+        draft_ids[j, :k] = torch.tensor(d.ids, dtype=torch.long)
+        uniforms[j, : k + 1] = torch.rand(k + 1, generator=row.generator)
+        if draft_probs is not None:  # rows with point-mass proposals get one-hot laws
+            ids = draft_ids[j, :k].to(target_probs.device)
+            draft_probs[j, :k] = d.probs[:k].to(target_probs.device) if d.probs is not None else \
+                torch.nn.functional.one_hot(ids, target_probs.shape[-1]).float()
+    accepted, nxt = verify_rows(draft_ids, gammas, draft_probs, target_probs, uniforms)
+    accepted, nxt = torch.stack([accepted, nxt]).tolist()
+    return [drafts[j].ids[: accepted[j]] + [nxt[j]] for j in range(A)]

@@ -1,0 +1,301 @@
+"""The decode loop: B rows at once, ONE target forward per iteration. A lone generation is a batch of one.
+
+Each iteration is four steps (`BatchDecoder.step`):
+
+    propose  every row drafts: grammar-forced tokens first, then up to its γ of its drafter's (propose.py)
+    score    ONE target forward over every row's [last token, drafts], right-padded to the widest; what
+             the rows read of it (argmax, logits, warped laws) is computed once, on first use (accept.Scored)
+    accept   each row keeps a prefix of its drafts and one more token, by the rule it was given when it
+             joined (accept.py: greedy argmax, greedy under a grammar, lenient greedy, or the
+             speculative-sampling verifier on warped laws, on the host or batched on the device)
+    commit   each row, once: drafter and auto-γ feedback, EOS / max_new_tokens, law, stats, context; then
+             every row's cache is rolled back to its accepted prefix
+
+Invariant: a row's cache holds its context[:-1]. Rows advance by different amounts: the target's cache
+keeps a length per row (models/fast_llama.py; one-row adapters: models/base.OneRow), pad positions are
+written beyond a row's length, so no real query ever attends to them. Rows that finish leave the batch
+(their cache rows are dropped) and new rows may join between iterations (continuous batching,
+`BatchDecoder.add`). Each row has its own drafter, random generator, sampling parameters and γ, so a row's output does not depend on which other
+rows share its batch — except under auto γ, which prices an iteration by the batched T(B, k) and so
+drafts less as the batch fills: a greedy row is still identical, a sampled row draws an equally exact
+but different sample than it would alone. γ = 0 (or an empty proposal) is a plain autoregressive step
+through the very same path: our own baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from ..device import device_of
+from ..errors import ExactSpecError
+from ..models.prefix_cache import cache_of, remember
+from ..stats import Stats, total
+from .accept import Scored, acceptance
+from .costmodel import AutoGamma
+from .interfaces import CausalLM, Drafter
+from .law import TargetLaw
+from .propose import propose
+from .rows import Draft, Row
+from .sampling import SamplingParams
+from .verify import verify
+
+# (draft ids [γ], draft probs [γ, V] | None, target probs [γ+1, V], generator[, lenience=L]) -> emitted tokens
+Verifier = Callable[..., list[int]]
+
+
+class BatchDecoder:
+    """The loop, one iteration at a time, so that rows can join between iterations.
+
+        decoder = BatchDecoder(target)
+        decoder.add(rows)                        # between iterations only
+        while decoder.rows:
+            for row, tokens in decoder.step():   # consume each step to its end
+                ...                              # row.cancelled = True: it leaves after this step
+    """
+
+    def __init__(self, target: CausalLM, stop_on_eos: bool = True, verifier: Verifier = verify,
+                 stats: Stats | None = None):
+        self.target, self.stop_on_eos = target, stop_on_eos
+        self.verifier = None if verifier is verify else verifier  # the test seam: an injected verifier
+        self.stats = stats if stats is not None else Stats()  # prefill time, batched target calls
+        self.rows: list[Row] = []  # in cache-row order
+        self._argmax_forward = getattr(target, "forward_argmax", None)  # one-row llama.cpp: argmax in place
+
+    def start(self, rows: list[Row]) -> None:
+        """Begin an empty batch with `rows`, prefilled together (one forward, padded if prompts differ;
+        with a prefix cache, each distinct prompt joins through it instead)."""
+        self._check(rows)
+        if self.rows:
+            raise ExactSpecError("the batch is running: add rows instead")
+        if cache_of(self.target) is not None:
+            return self.add(rows)
+        t0 = time.perf_counter()
+        _prefill(self.target, [r.prompt for r in rows])
+        for row in rows:
+            row.stats.prefill_tokens += len(row.prompt) - 1
+        self._admit(rows, time.perf_counter() - t0)
+
+    def add(self, rows: list[Row]) -> None:
+        """Prefill `rows` and append them to the batch (the rows it holds are untouched if this fails).
+        Consecutive rows with the same prompt (a request's n samples) share one prefill."""
+        self._check(rows)
+        t0 = time.perf_counter()
+        if not self.rows:
+            self.target.reset(0)
+        try:
+            i = 0
+            while i < len(rows):
+                copies = next((j for j in range(i, len(rows)) if rows[j].prompt != rows[i].prompt), len(rows)) - i
+                reused = self.target.join(rows[i].prompt, copies) or 0
+                for row in rows[i:i + copies]:
+                    row.stats.cached_tokens += reused
+                    row.stats.prefill_tokens += len(row.prompt) - 1 - reused
+                i += copies
+        except BaseException:
+            self.target.select_rows(torch.arange(len(self.rows)))  # drop the rows that did join
+            raise
+        self._admit(rows, time.perf_counter() - t0)
+
+    def _check(self, rows: list[Row]) -> None:
+        if any(not r.prompt for r in rows):
+            raise ExactSpecError("the prompt is empty")
+        longest = max(len(r.prompt) for r in rows)
+        if longest >= self.target.max_length:
+            raise ExactSpecError(f"prompt of {longest} tokens does not fit the {self.target.max_length}-token context")
+        if not self.target.batched and len(self.rows) + len(rows) > 1:
+            raise ExactSpecError(f"{type(self.target).__name__} holds one sequence: decode its rows one at a time")
+
+    def _admit(self, rows: list[Row], prefill_s: float) -> None:
+        self.stats.prefill_s += prefill_s
+        now, device = time.perf_counter(), device_of(self.target)
+        for row in rows:
+            row.stats.prefill_s += prefill_s
+            row.started = now
+            row.rule = acceptance(row.params, row.law, self.verifier, device)
+        self.rows += rows
+
+    @contextmanager
+    def lend(self) -> Iterator[object]:
+        """Use the target for something else between iterations (measuring its speed resets its
+        cache); the batch's cache is put back afterwards."""
+        saved = self.target.save_cache() if self.rows else None
+        try:
+            yield self.target
+        finally:
+            if saved is not None:
+                self.target.restore_cache(saved)
+
+    def step(self) -> Iterator[tuple[Row, list[int]]]:
+        """One iteration: propose, score, accept, commit. Yields (row, tokens) for each row; rows that
+        are done, or that the caller cancels while they are yielded, leave once the iteration ends."""
+        rows = self.rows
+        drafts = propose(rows, self.target.max_length - max(len(r.context) for r in rows))
+        t = time.perf_counter()
+        scored = self._score(rows, drafts)
+        emitted = [row.rule.accept(scored, j) for j, row in enumerate(rows)]
+        seconds = time.perf_counter() - t
+        self._commit(rows, drafts, emitted, seconds)
+        for row, tokens in zip(rows, emitted):
+            yield row, tokens
+        self._leave(rows)
+
+    def _score(self, rows: list[Row], drafts: list[Draft]) -> Scored:
+        """ONE target forward over feed [A, K+1]: each row's last token and drafts, zero-padded."""
+        width = max(len(d.ids) for d in drafts) + 1
+        feed = [[row.context[-1], *d.ids] + [0] * (width - 1 - len(d.ids)) for row, d in zip(rows, drafts)]
+        if self._argmax_forward is not None and len(rows) == 1 and not rows[0].rule.needs_logits:
+            return Scored(rows, drafts, argmax=[self._argmax_forward(feed[0])])
+        return Scored(rows, drafts, logits=self.target.forward_rows(torch.tensor(feed)))  # [A, K+1, V]
+
+    def _commit(self, rows: list[Row], drafts: list[Draft], emitted: list[list[int]], seconds: float) -> None:
+        """The one commit: auto γ's T(B, k), then per row its feedback, tokens, law and stats (`emitted[j]`
+        cut in place at EOS / max_new_tokens); then every row's cache rolled back to its accepted prefix."""
+        policy = next((r.gamma for r in rows if isinstance(r.gamma, AutoGamma)), None)
+        if policy is not None:  # T(B, k) is the target's: one observation serves every policy
+            policy.observe_step(max(len(d.ids) for d in drafts) + 1, seconds, len(rows))
+        self._keep = [len(row.context) + len(tokens) - 1 for row, tokens in zip(rows, emitted)]  # [A]
+        for j, (row, d) in enumerate(zip(rows, drafts)):
+            emitted[j] = self._commit_row(row, d, emitted[j], seconds)
+        self.stats.target_calls += 1
+        self.target.truncate_rows(self._keep)
+
+    def _commit_row(self, row: Row, d: Draft, emitted: list[int], seconds: float) -> list[int]:
+        """Feedback, EOS / max_new_tokens, law, stats and context of one row -> the tokens it emits."""
+        k, n = len(d.ids), len(emitted) - 1  # drafts, accepted drafts
+        if row.drafter is not None and k > d.forced:  # the drafter's own part (after the forced tokens)
+            row.drafter.observe(k - d.forced, max(0, n - d.forced))
+            if isinstance(row.gamma, AutoGamma):
+                row.gamma.observe(k - d.forced, max(0, n - d.forced), d.seconds, d.match)
+        emitted = emitted[: row.max_new_tokens - row.produced]
+        eos = self.target.eos_token_ids if self.stop_on_eos else ()
+        eos_at = next((i for i, t in enumerate(emitted) if t in eos), None)
+        if eos_at is not None:
+            emitted = emitted[: eos_at + 1]
+        if row.law is not None:
+            row.law.commit(emitted, min(n, len(emitted)))
+        stats = row.stats
+        stats.record(k, n, len(emitted), row.drafter.name if row.drafter is not None else None, d.forced,
+                     min(d.forced, n))
+        stats.draft_s += d.seconds
+        stats.verify_s += seconds
+        row.context += emitted
+        row.produced += len(emitted)
+        stats.decode_s = row._decode_base + time.perf_counter() - row.started
+        row.done = (eos_at is not None or row.produced >= row.max_new_tokens
+                    or len(row.context) >= self.target.max_length)
+        return emitted
+
+    def _leave(self, rows: list[Row]) -> None:
+        """Rows done or cancelled leave: their KV (prompt + generated) goes to the prefix cache, if any."""
+        still = [j for j, row in enumerate(rows) if not row.done and not row.cancelled]
+        if len(still) == len(rows):
+            return
+        kept = set(still)
+        for j, row in enumerate(rows):
+            if j not in kept:
+                remember(self.target, row.context, len(row.prompt), row=j, cached=self._keep[j])
+        order = _compact(still)
+        self.target.select_rows(torch.tensor(order, dtype=torch.long))
+        self.rows = [rows[j] for j in order]
+
+
+def _prefill(target, prompts: list[list[int]]) -> None:
+    """Cache every row's prompt[:-1]; identical prompts (n samples) share one prefill."""
+    if all(p == prompts[0] for p in prompts):
+        target.reset(1)
+        if len(prompts[0]) > 1:
+            target.forward_rows(torch.tensor([prompts[0][:-1]]), logits=False)
+        target.select_rows(torch.zeros(len(prompts), dtype=torch.long))
+        return
+    target.reset(len(prompts))
+    width = max(len(p) for p in prompts) - 1
+    if width > 0:  # right-padded; each row is then cut back to its own length
+        padded = torch.tensor([p[:-1] + [0] * (width - len(p) + 1) for p in prompts])
+        target.forward_rows(padded, logits=False)
+    target.truncate_rows(torch.tensor([len(p) - 1 for p in prompts]))
+
+
+def _compact(still: list[int]) -> list[int]:
+    """An order of the surviving rows that moves the fewest cache rows: survivors already among the
+    first len(still) slots stay put, the others fill the holes left by the rows that leave."""
+    kept, tail = set(still), [j for j in still if j >= len(still)]
+    return [j if j in kept else tail.pop() for j in range(len(still))]
+
+
+def decode_batch(
+    target: CausalLM,
+    drafters: list[Drafter | None],
+    prompts: list[list[int]],
+    params: SamplingParams,
+    gamma: int | AutoGamma,
+    max_new_tokens: int,
+    generators: list[torch.Generator | None],
+    row_stats: list[Stats] | None = None,
+    batch_stats: Stats | None = None,
+    cancelled: set[int] | None = None,
+    stop_on_eos: bool = True,
+    verifier: Verifier = verify,
+    laws: list[TargetLaw | None] | None = None,
+) -> Iterator[tuple[int, list[int]]]:
+    """Yield (row, tokens) each time a row accepts tokens. A row stops at EOS, max_new_tokens, the
+    context limit, or when the caller adds its index to `cancelled`. An AutoGamma policy chooses one
+    γ per iteration for the whole batch, priced by the batched T(B, k), and learns from every row's outcome."""
+    n_rows = len(prompts)
+    row_stats = row_stats if row_stats is not None else [Stats() for _ in range(n_rows)]
+    batch_stats = batch_stats if batch_stats is not None else Stats()
+    cancelled = cancelled if cancelled is not None else set()
+    decoder = BatchDecoder(target, stop_on_eos, verifier, batch_stats)
+    laws = laws if laws is not None else [None] * n_rows
+    decoder.start([Row(r, prompts[r], drafters[r], params, gamma, max_new_tokens, generators[r], row_stats[r], laws[r])
+                   for r in range(n_rows)])
+    t_start = time.perf_counter()
+    while decoder.rows:
+        for row, tokens in decoder.step():
+            yield row.key, tokens
+            row.cancelled = row.key in cancelled
+    batch_stats.decode_s += time.perf_counter() - t_start
+    _sum_rows_into(batch_stats, row_stats)
+
+
+
+def decode(
+    target: CausalLM,
+    drafter: Drafter | None,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    gamma: int | AutoGamma,
+    max_new_tokens: int,
+    generator: torch.Generator | None = None,
+    stats: Stats | None = None,
+    stop_on_eos: bool = True,
+    verifier: Verifier = verify,
+    law: TargetLaw | None = None,
+) -> Iterator[int]:
+    """One generation, a batch of one through `BatchDecoder`: yield generated token ids as they are
+    accepted. Stops at EOS (yielded), max_new_tokens or the context limit; the caller may stop early (stop strings) by closing the iterator.
+    `gamma` is a fixed number of drafts per iteration, or an AutoGamma policy asked at each one.
+    `law` (law.py): the per-position transform (grammar, penalties, logprobs) of `params`'
+    law, applied to target and drafts alike; it also proposes grammar-forced tokens.
+    `verifier`: the speculative-sampling rule (tests inject broken ones as negative controls)."""
+    row = Row(0, prompt_ids, drafter, params, gamma, max_new_tokens, generator,
+              stats if stats is not None else Stats(), law)
+    decoder = BatchDecoder(target, stop_on_eos, verifier)
+    decoder.start([row])
+    try:
+        while decoder.rows and max_new_tokens > 0:
+            for _, tokens in decoder.step():
+                yield from tokens
+    except GeneratorExit:  # the caller stopped early (stop string, client gone): the cache is consistent
+        remember(target, row.context, len(prompt_ids))
+        raise
+
+def _sum_rows_into(batch_stats: Stats, row_stats: list[Stats]) -> None:
+    """Batch counters = sums over rows, except target calls (one batched forward serves all rows)."""
+    rows = total(row_stats)
+    for name in ("draft_calls", "proposed", "accepted", "rejections", "emitted", "accepted_per_position",
+                 "cached_tokens", "prefill_tokens", "drafts_by", "forced", "forced_accepted"):
+        setattr(batch_stats, name, getattr(rows, name))

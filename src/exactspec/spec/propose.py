@@ -1,0 +1,81 @@
+"""Step 1 of the loop: every row's drafts for one iteration (grammar-forced tokens, then its drafter's)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .costmodel import AutoGamma
+from .interfaces import Drafter, Proposal
+from .law import TargetLaw
+from .rows import Draft, Row
+from .sampling import SamplingParams
+
+
+def copying(drafter: Drafter | None, gamma: int | AutoGamma) -> bool:
+    """Auto γ cuts the proposals after drafting: a copying drafter under auto."""
+    return isinstance(gamma, AutoGamma) and getattr(drafter, "copies", False)
+
+
+def budget(drafter: Drafter | None, gamma: int | AutoGamma, rows: int = 1) -> int:
+    """How many drafts the drafter may propose this iteration: a fixed γ; under auto, auto's γ for a
+    batch of `rows` (chosen before drafting), or for a copying drafter all auto may use (cut afterwards
+    by `AutoGamma.choose`, once the match length is known)."""
+    if copying(drafter, gamma):
+        return gamma.max_gamma
+    return gamma.next_gamma(rows) if isinstance(gamma, AutoGamma) else gamma
+
+
+def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
+          generator: torch.Generator | None, law: TargetLaw | None = None) -> tuple[Proposal | None, int]:
+    """-> (proposal | None, how many grammar-forced tokens lead it). With a law: the canonical tokens of
+    the text the grammar forces (at most `room`, outside the drafter's budget k), then up to k of the
+    drafter's from there."""
+    if law is None:
+        proposal = drafter.propose(context, min(k, room), params, generator) if drafter is not None and k > 0 else None
+        return (proposal if proposal is not None and len(proposal) else None), 0
+    forced = law.forced(room)
+    k = min(k, room - len(forced))
+    proposal = law.join(forced, drafter.propose(context + forced, k, params, generator, law=law)
+                        if drafter is not None and k > 0 else None)
+    return (proposal if proposal is not None and len(proposal) else None), len(forced)
+
+
+def propose(rows: list[Row], room: int) -> list[Draft]:
+    """Every row's drafts, at most `room` past the longest context: grammar-forced tokens first (outside
+    γ), then the drafter's `budget` (auto asked once per policy); rows of copying drafters under auto
+    are then cut to one width of the drafter's part per policy, priced by T(B, width + 1)."""
+    proposals, wants = [], {}
+    for row in rows:
+        cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
+        fixed = not isinstance(row.gamma, AutoGamma)
+        if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None):
+            proposals.append((None, 0, 0.0))
+            continue
+        t = time.perf_counter()
+        key = (id(row.gamma), copying(row.drafter, row.gamma))  # auto is asked once per policy
+        if key not in wants:
+            wants[key] = budget(row.drafter, row.gamma, len(rows))
+        proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
+        proposals.append((proposal, forced, time.perf_counter() - t))
+    widths = _copy_widths(rows, proposals)
+    drafts = []
+    for row, (proposal, forced, seconds) in zip(rows, proposals):
+        if proposal is not None and copying(row.drafter, row.gamma):
+            proposal = proposal.head(forced + widths[id(row.gamma)])
+        if proposal is None or len(proposal) == 0:
+            drafts.append(Draft([], None, 0, 0, seconds))
+        else:
+            drafts.append(Draft(proposal.ids.tolist(), proposal.probs, forced, proposal.match, seconds))
+    return drafts
+
+
+def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float]]) -> dict[int, int]:
+    """Per auto policy of copying drafters: the one width of the drafter's part its rows are cut to."""
+    members = {}
+    for row, (proposal, forced, _) in zip(rows, proposals):
+        if copying(row.drafter, row.gamma):
+            members.setdefault(id(row.gamma), (row.gamma, []))[1].append(
+                (proposal.match, len(proposal) - forced) if proposal is not None else (None, 0))
+    return {key: policy.choose(found, len(rows)) for key, (policy, found) in members.items()}

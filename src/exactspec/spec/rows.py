@@ -1,0 +1,50 @@
+"""A row: one sequence of a batch, and one iteration's proposal for it (spec/loop.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from ..stats import Stats
+from .costmodel import AutoGamma
+from .interfaces import Drafter
+from .law import TargetLaw
+from .sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence of a batch, with everything that makes it decode exactly as it would alone."""
+
+    key: object  # the caller's handle (decode_batch: the row's index)
+    prompt: list[int]
+    drafter: Drafter | None
+    params: SamplingParams
+    gamma: int | AutoGamma  # a shared AutoGamma is asked once per iteration for all its rows
+    max_new_tokens: int
+    generator: torch.Generator | None
+    stats: Stats = field(default_factory=Stats)
+    law: TargetLaw | None = None  # grammar / penalties / logprobs of this row (law.py)
+    cancelled: bool = False  # set by the caller: the row leaves when the current iteration ends
+    done: bool = False  # EOS, max_new_tokens or the context limit: it leaves when the iteration ends
+    context: list[int] = field(init=False)
+    produced: int = 0
+    started: float = 0.0
+    rule: object = None  # its accept.Rule: how its drafts are accepted, set once when it joins a decoder
+
+    def __post_init__(self) -> None:
+        self.context = list(self.prompt)
+        self.stats.lenience = min(self.stats.lenience, self.params.lenience)
+        self._decode_base = self.stats.decode_s  # a Stats carried over from earlier generations keeps its time
+
+
+class Draft(NamedTuple):
+    """One row's proposal for one iteration."""
+
+    ids: list[int]  # [k] grammar-forced tokens first, then the drafter's
+    probs: torch.Tensor | None  # [k, V] the laws they were drawn from; None: point masses
+    forced: int  # how many lead ids are grammar-forced
+    match: int  # copying drafters: the match length behind the proposal (auto γ's evidence)
+    seconds: float  # time spent drafting
