@@ -60,6 +60,15 @@ def test_b1_is_identical_to_unbatched_loop(fast_tiny):
     assert batch[0] == run_alone(fast_tiny, NGramDrafter(TINY_VOCAB), PROMPTS[0], params, 4, 24, 5)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lenient_rows_batch_and_match_alone(fast_tiny, temperature):
+    """Lenient (lossy) rows go through the same loop: each row of a batch is its lone run, same seed."""
+    params = SamplingParams(temperature=temperature, lenience=0.5)
+    seeds = [20, 21, 22, 23]
+    batch = run_batch(fast_tiny, [NGramDrafter(TINY_VOCAB) for _ in PROMPTS], PROMPTS, params, 3, 12, seeds)
+    assert batch == [run_alone(fast_tiny, NGramDrafter(TINY_VOCAB), p, params, 3, 12, s) for p, s in zip(PROMPTS, seeds)]
+
+
 def test_row_finishing_on_first_token_leaves_the_batch(fast_tiny):
     first = run_alone(fast_tiny, None, PROMPTS[1], GREEDY, 0, 1, 0)[0]
     fast_tiny.eos_token_ids = {first}
@@ -123,6 +132,15 @@ def test_engine_generate_batch_equals_one_by_one(embedded):
     for i, r in enumerate(results):
         alone = embedded.generate(prompts[i // 2], max_new_tokens=20, temperature=0, gamma=0)
         assert r.token_ids == alone.token_ids and r.text == alone.text
+
+
+def test_engine_generate_batch_lenient_rows(embedded):
+    """Lenient requests batch (one forward for both samples) and say they are not exact."""
+    prompt, kw = "List three colours.", dict(max_new_tokens=12, temperature=0.8, lenience=0.5, gamma=3)
+    results, stats = embedded.generate_batch(prompt, n=2, seed=3, **kw)
+    assert stats.exact is False and stats.target_calls < sum(r.stats.target_calls for r in results)
+    for j, r in enumerate(results):
+        assert r.token_ids == embedded.generate(prompt, seed=3 + j, **kw).token_ids
 
 
 def test_engine_generate_batch_stop_string(embedded):

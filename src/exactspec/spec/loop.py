@@ -293,9 +293,12 @@ def decode(
         remember(target, row.context, len(prompt_ids))
         raise
 
+
 def _sum_rows_into(batch_stats: Stats, row_stats: list[Stats]) -> None:
-    """Batch counters = sums over rows, except target calls (one batched forward serves all rows)."""
+    """Batch counters = sums over rows, except target calls (one batched forward serves all rows); the
+    lenience is the smallest any row used."""
     rows = total(row_stats)
     for name in ("draft_calls", "proposed", "accepted", "rejections", "emitted", "accepted_per_position",
                  "cached_tokens", "prefill_tokens", "drafts_by", "forced", "forced_accepted"):
         setattr(batch_stats, name, getattr(rows, name))
+    batch_stats.lenience = min(batch_stats.lenience, rows.lenience)  # lenient rows batch too: say it
