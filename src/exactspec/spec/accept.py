@@ -58,8 +58,8 @@ class Scored:
         """Every device-verified row's emitted tokens, from ONE batched tensor verification."""
         index, probs = self.laws
         members = [j for j in index if self.rows[j].rule is ON_DEVICE]
-        found = verify_on_device([self.rows[j] for j in members], [self.drafts[j] for j in members],
-                                 probs[[index[j] for j in members]])
+        laws = probs if len(members) == len(index) else probs[[index[j] for j in members]]  # [D, K+1, V]
+        found = verify_on_device([self.rows[j] for j in members], [self.drafts[j] for j in members], laws)
         return dict(zip(members, found))
 
 
