@@ -58,7 +58,9 @@ for line in sys.stdin:
 class Worker:
     def __init__(self, name: str, src: str):
         self.name = name
-        env = {**os.environ, "PYTHONPATH": src, "TQDM_DISABLE": "1"}
+        # parked OpenMP threads: a worker waiting for its turn must not spin on the cores the running one
+        # needs (libgomp's spin-then-park made every run several times slower with three workers on 2 cores)
+        env = {**os.environ, "PYTHONPATH": src, "TQDM_DISABLE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=env)
 
@@ -103,8 +105,11 @@ def main() -> int:
              "new": checkout(repo, args.new, os.path.join(tmp, "new"))}
     names = ["old", "new"] + ([] if args.no_control else ["old'"])
     workers = [Worker(n, trees[n.rstrip("'")]) for n in names]
+    runs = []
     try:
-        runs = drive(workers, args)
+        drive(workers, args, runs)
+    except KeyboardInterrupt:
+        print("interrupted: the table covers the runs done so far", file=sys.stderr)
     finally:
         for w in workers:
             w.close()
@@ -117,7 +122,7 @@ def main() -> int:
     return 0
 
 
-def drive(workers: list[Worker], args) -> list[dict]:
+def drive(workers: list[Worker], args, runs: list[dict]) -> None:
     """Every (rep, backend, workload, prompt, T, γ) run on every worker, back to back, order rotating."""
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -128,7 +133,7 @@ def drive(workers: list[Worker], args) -> list[dict]:
                     drafter="prompt-lookup", max_new_tokens=8, seed=0, threads=args.threads, dtype=args.dtype)
         for w in workers:  # load, measure T(k), first prefill: outside every timing
             w.run(warm)
-    runs, start = [], time.perf_counter()
+    start = time.perf_counter()
     for i, (rep, backend, workload, prompt, temperature, gamma) in enumerate(grid):
         request = dict(backend=backend, workload=workload, prompt=prompt, temperature=temperature, gamma=gamma,
                        drafter="prompt-lookup", max_new_tokens=args.max_new_tokens, seed=1000 * rep + prompt,
@@ -138,7 +143,6 @@ def drive(workers: list[Worker], args) -> list[dict]:
         if i % 10 == 9:
             print(f"  {i + 1}/{len(grid)} runs x {len(workers)} workers, {time.perf_counter() - start:.0f} s",
                   file=sys.stderr)
-    return runs
 
 
 def report(runs: list[dict], names: list[str], args) -> list[dict]:
@@ -152,8 +156,10 @@ def report(runs: list[dict], names: list[str], args) -> list[dict]:
     identical = {}
     for r in runs:  # NEW's tokens == OLD's, run by run
         if r["worker"] == "new":
-            old = next(o for o in runs if o["worker"] == "old" and all(o[k] == r[k] for k in (
-                "backend", "workload", "temperature", "gamma", "prompt", "rep")))
+            same_run = ("backend", "workload", "temperature", "gamma", "prompt", "rep")
+            old = next((o for o in runs if o["worker"] == "old" and all(o[k] == r[k] for k in same_run)), None)
+            if old is None:  # interrupted before OLD's run of this one
+                continue
             key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]))
             identical[key] = identical.get(key, True) and old["ids"] == r["ids"]
     table = []
@@ -161,16 +167,19 @@ def report(runs: list[dict], names: list[str], args) -> list[dict]:
     print(f"\n{'backend':9s} {'workload':8s} {'T':>3s} {'γ':>4s}  " + "  ".join(f"{n + ' tok/s':>11s}" for n in names)
           + f"  {'new/old':>8s}" + control_head + "  same tokens")
     for key, cells in rows.items():
+        if any(n not in cells for n in names):
+            continue
         tps = {n: {rep: t / s for rep, (t, s) in cells[n].items()} for n in names}
-        ratio = statistics.median(tps["new"][rep] / tps["old"][rep] for rep in tps["old"])
-        control = statistics.median(tps["old'"][rep] / tps["old"][rep] for rep in tps["old"]) if "old'" in names else None
+        reps = [rep for rep in tps["old"] if all(rep in tps[n] for n in names)]
+        ratio = statistics.median(tps["new"][rep] / tps["old"][rep] for rep in reps)
+        control = statistics.median(tps["old'"][rep] / tps["old"][rep] for rep in reps) if "old'" in names else None
         row = dict(backend=key[0], workload=key[1], temperature=key[2], gamma=key[3],
                    tokens_per_s={n: statistics.median(tps[n].values()) for n in names}, new_over_old=ratio,
-                   control_over_old=control, identical=identical[key])
+                   control_over_old=control, identical=identical.get(key, True))
         table.append(row)
         print(f"{key[0]:9s} {key[1]:8s} {key[2]:3g} {key[3]:>4s}  "
               + "  ".join(f"{row['tokens_per_s'][n]:11.1f}" for n in names) + f"  {ratio:8.3f}"
-              + ("" if control is None else f"  {control:8.3f}") + f"  {'yes' if identical[key] else 'NO'}")
+              + ("" if control is None else f"  {control:8.3f}") + f"  {'yes' if row['identical'] else 'NO'}")
     ratios = [r["new_over_old"] for r in table]
     print(f"\nnew/old: geometric mean {statistics.geometric_mean(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
     if "old'" in names:
