@@ -8,12 +8,13 @@ the negative number of tokens to drop).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from .. import progress
 from ..errors import ExactSpecError
+from .checkpoint import converted_dir, split_path
 
 
 @dataclass
@@ -22,29 +23,16 @@ class Loaded:
     tokenizer: object
 
 
-def _split_path(path: str) -> tuple[str, str | None]:
-    """-> (directory, gguf file name or None). Raises ExactSpecError for paths that cannot be a model."""
-    if not os.path.exists(path):
-        raise ExactSpecError(f"model path not found: {path}")
-    if os.path.isfile(path):
-        if not path.endswith(".gguf"):
-            raise ExactSpecError(f"not a model: {path} (expected a directory with config.json or a .gguf file)")
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
-        return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise ExactSpecError(f"not a model directory (no config.json): {path}")
-    return path, None
-
-
 def load_tokenizer(path: str):
-    """The tokenizer stored with a local checkpoint (directory or GGUF file)."""
+    """The tokenizer stored with a local checkpoint (directory or GGUF file; a GGUF's from its cached
+    conversion, see checkpoint.py)."""
     from transformers import AutoTokenizer
 
-    directory, gguf = _split_path(path)
+    local = converted_dir(path)
+    directory, gguf = (str(local), None) if local is not None else split_path(path)
     try:
-        return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
+        with progress.timed("tokenizer"):
+            return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
     except Exception as e:  # transformers raises many types for bad files
         raise ExactSpecError(f"cannot load tokenizer from {path}: {type(e).__name__}: {str(e)[:200]}") from None
 
@@ -53,9 +41,11 @@ def load_hf_model(path: str, dtype: torch.dtype = torch.float32, device: torch.d
     """The transformers module for a local checkpoint, in eval mode, on `device`."""
     from transformers import AutoModelForCausalLM
 
-    directory, gguf = _split_path(path)
+    local = converted_dir(path)
+    directory, gguf = (str(local), None) if local is not None else split_path(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
+        with progress.timed("load"):
+            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
     except Exception as e:
         raise ExactSpecError(f"cannot load model from {path}: {type(e).__name__}: {str(e)[:200]}") from None
     return model.to(device).eval()
