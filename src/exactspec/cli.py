@@ -270,6 +270,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .bench.runner import build_methods, methods_for, plot, run_bench, to_markdown
+    from .models.light_llama import hf_module
     from .bench.workloads import load_cases
     from .bench.workloads import CONSTRAINED, WORKLOADS
 
@@ -293,7 +294,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.batch:
         return _bench_batch(engine, args, [int(b) for b in _floats(args.batch)], workloads[0], temperatures[0],
                             drafters[0], gammas[0], max_new or default_max_new, reps)
-    hf_draft = engine.draft_model.module if engine.draft_model is not None and args.backend == "torch" else None
+    hf_draft = hf_module(engine.draft_model.module) if engine.draft_model is not None and args.backend == "torch" else None
     if args.draft_model:
         engine.draft = "model"
     methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft, args.backend,

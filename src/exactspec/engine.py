@@ -433,7 +433,7 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     dtype = torch.float32 if dtype in (None, "auto") and where.type == "cpu" else wanted
 
     def load_module(model_path: str) -> torch.nn.Module:
-        module = load_seq2seq_model(model_path, dtype) if seq2seq else load_hf_model(model_path, dtype, where)
+        module = load_seq2seq_model(model_path, dtype) if seq2seq else load_hf_model(model_path, dtype, where, fast)
         return module.to(wanted) if fast and not seq2seq and fast_llama.supports(module) else module
 
     tokenizer = load_tokenizer(path)

@@ -20,7 +20,9 @@ from pathlib import Path
 from .. import progress
 from ..cachedir import cache_dir, file_identity
 from ..errors import ExactSpecError
+from . import light_llama
 from .gguf import GGUFFile
+from .light_tokenizer import matches_transformers
 
 FORMAT = "1"  # bump when the converted layout changes: older entries are then ignored
 _DONE = "exactspec-converted.json"  # written last: an entry without it is incomplete
@@ -118,4 +120,16 @@ def convert(gguf: GGUFFile, out: Path) -> None:
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
-    (out / _DONE).write_text(json.dumps({"source": os.path.abspath(gguf.path), "format": FORMAT}))
+    # the transformers-free loaders serve this entry only where they reproduce transformers exactly
+    light_model = light_llama.can_load(config.to_dict()) and light_llama.rotary_matches_transformers(out)
+    marker = {"source": os.path.abspath(gguf.path), "format": FORMAT,
+              "light_tokenizer": matches_transformers(out), "light_model": light_model}
+    (out / _DONE).write_text(json.dumps(marker))
+
+
+def entry_info(entry: Path) -> dict:
+    """What the conversion recorded about a cache entry (see `convert`)."""
+    try:
+        return json.loads((entry / _DONE).read_text())
+    except (OSError, ValueError):
+        return {}

@@ -14,7 +14,9 @@ import torch
 
 from .. import progress
 from ..errors import ExactSpecError
-from .checkpoint import converted_dir, split_path
+from .checkpoint import converted_dir, entry_info, split_path
+from .light_llama import load_light
+from .light_tokenizer import LightTokenizer
 
 
 @dataclass
@@ -26,25 +28,31 @@ class Loaded:
 def load_tokenizer(path: str):
     """The tokenizer stored with a local checkpoint (directory or GGUF file; a GGUF's from its cached
     conversion, see checkpoint.py)."""
-    from transformers import AutoTokenizer
-
     local = converted_dir(path)
     directory, gguf = (str(local), None) if local is not None else split_path(path)
     try:
         with progress.timed("tokenizer"):
+            if local is not None and entry_info(local).get("light_tokenizer"):
+                return LightTokenizer(local)
+            from transformers import AutoTokenizer
+
             return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
     except Exception as e:  # transformers raises many types for bad files
         raise ExactSpecError(f"cannot load tokenizer from {path}: {type(e).__name__}: {str(e)[:200]}") from None
 
 
-def load_hf_model(path: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-    """The transformers module for a local checkpoint, in eval mode, on `device`."""
-    from transformers import AutoModelForCausalLM
-
+def load_hf_model(path: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                  light: bool = False):
+    """The transformers module for a local checkpoint, in eval mode, on `device`. `light`: for the lean
+    forward only, a converted GGUF may come as the bare weights module of light_llama.py (no transformers)."""
     local = converted_dir(path)
     directory, gguf = (str(local), None) if local is not None else split_path(path)
     try:
         with progress.timed("load"):
+            if light and local is not None and entry_info(local).get("light_model"):
+                return load_light(local).to(device=device, dtype=dtype)
+            from transformers import AutoModelForCausalLM
+
             model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
     except Exception as e:
         raise ExactSpecError(f"cannot load model from {path}: {type(e).__name__}: {str(e)[:200]}") from None
