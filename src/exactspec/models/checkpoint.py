@@ -52,38 +52,46 @@ def converted_dir(path: str) -> Path | None:
     split_path(path)
     if os.path.isdir(path):
         return Path(path)
-    entry = cache_dir("models") / f"{file_identity(path)}-{FORMAT}"
-    if (entry / _DONE).exists():
-        if entry not in _announced:  # one status line per model and process (tokenizer and weights ask)
-            progress.status(f"loading {os.path.basename(path)} (cached)")
-            _announced.add(entry)
-        return entry
-    _announced.add(entry)
-    return _convert_once(path, entry)
+    key = file_identity(path)
+    if key not in _resolved:  # once per file and process: tokenizer and weights both ask, one status line
+        _resolved[key] = _resolve(path, key)
+    return _resolved[key]
 
 
-_announced: set[Path] = set()
+_resolved: dict[str, Path | None] = {}  # file identity -> its cache entry, or None (not converted)
 
 
-def _convert_once(path: str, entry: Path) -> Path | None:
+def _resolve(path: str, key: str) -> Path | None:
     name = os.path.basename(path)
+    try:
+        entry = cache_dir("models") / f"{key}-{FORMAT}"
+    except OSError as e:
+        return _uncached(name, f"no cache folder: {e}")
+    if (entry / _DONE).exists():
+        progress.status(f"loading {name} (cached)")
+        return entry
     try:
         gguf = GGUFFile(path)
     except _READ_ERRORS as e:
         raise ExactSpecError(f"cannot load model from {path}: {type(e).__name__}: {str(e)[:200]}") from None
     try:
         if not gguf.supported:
-            progress.status(f"loading {name} through transformers' GGUF reader (architecture "
-                            f"{gguf.architecture!r} is not converted by exactspec; slow, not cached)")
-            return None
+            return _uncached(name, f"architecture {gguf.architecture!r} is not converted by exactspec")
         progress.status(f"loading {name} (converting once, a few seconds; cached in {entry.parent})")
         with progress.timed("convert"):
             _write_atomically(entry, lambda tmp: convert(gguf, tmp))
+    except OSError as e:  # the cache cannot be written (disk full, read-only): load without it
+        return _uncached(name, f"cannot write the cache: {e}")
     except _READ_ERRORS as e:
         raise ExactSpecError(f"cannot load model from {path}: {type(e).__name__}: {str(e)[:200]}") from None
     finally:
         gguf.close()
     return entry
+
+
+def _uncached(name: str, why: str) -> None:
+    progress.status(f"loading {name} through transformers' GGUF reader ({why}; slow, not cached)")
+    return None
 
 
 def _write_atomically(entry: Path, write) -> None:

@@ -1,7 +1,9 @@
 """Transformers adapter: any local `AutoModelForCausalLM` checkpoint, or a GGUF file.
 
 GGUF weights are dequantised into ordinary float `nn.Linear` weights on load (a k-token forward then
-costs about what dense matmuls cost; packed-GGUF kernels made it 1.7-2.2x a 1-token step here).
+costs about what dense matmuls cost; packed-GGUF kernels made it 1.7-2.2x a 1-token step here), once:
+a GGUF loads from its cached conversion (checkpoint.py), as the transformers-free module of
+light_llama.py when only the lean forward will run it.
 The KV cache is a transformers `DynamicCache`; rollback is `crop` (which in transformers 5.x takes
 the negative number of tokens to drop).
 """
