@@ -9,6 +9,7 @@ with the request is bounded here, in one place, before any token is generated:
     constraints    schema / grammar / regex text at most MAX_CONSTRAINT_BYTES    -> 400
     Lark grammars  at most MAX_GRAMMAR_RULES rules                              -> 400
     logit_bias     keys are ASCII decimal token ids ("²", "--5", "٣" are not)    -> 400, param "logit_bias"
+    messages       at most MAX_MESSAGES (schemas.py), tools at most MAX_TOOLS   -> 400
 
 Each message names the bound it broke. Compilation itself runs on a thread with a large stack
 (see stack.py), so a grammar just inside the bounds cannot overflow a native stack either.
@@ -28,6 +29,7 @@ MAX_SCHEMA_DEPTH = 128  # levels of the schema document: objects, arrays and $re
 MAX_CONSTRAINT_BYTES = 256 * 1024
 MAX_GRAMMAR_RULES = 1000
 MAX_TOOLS = 128
+MAX_MESSAGES = 10_000  # validated on the event loop (pydantic), so bounded: 10^5 messages stalled it
 
 _TOKEN_ID = re.compile(r"-?[0-9]+", re.ASCII)
 _LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][A-Za-z_0-9]*(\{[^}]*\})?(\.-?\d+)?\s*:", re.MULTILINE)

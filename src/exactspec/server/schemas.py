@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .limits import MAX_MESSAGES
+
 MAX_N = 8  # samples per request; they decode as rows of the running batch
 
 
@@ -107,7 +109,7 @@ class GenerationRequest(_Strict):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, gt=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
