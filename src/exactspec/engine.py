@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .chat_prompt import encode_chat
 from .constraints import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec, llg_tokenizer
 from .costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
 from .decode import decode
@@ -100,7 +101,8 @@ class Engine:
 
     # --- prompt handling -------------------------------------------------------------------
     def encode(self, prompt: str | list[dict], chat_template: bool | None = None) -> list[int]:
-        """A user prompt (or a list of chat messages) -> prompt token ids."""
+        """A user prompt (or a list of chat messages) -> prompt token ids. Through the chat template,
+        message content is never parsed for special tokens (chat_prompt.py); a raw prompt is."""
         use_chat = self.chat_template if chat_template is None else chat_template
         if isinstance(prompt, list):
             if not getattr(self.tokenizer, "chat_template", None):
@@ -108,9 +110,8 @@ class Engine:
             use_chat, messages = True, prompt
         else:
             messages = [{"role": "user", "content": prompt}]
-        if use_chat:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+        if use_chat:  # message content is text: a special token's text in it is not that token
+            return encode_chat(self.tokenizer, messages)
         return self.tokenizer.encode(prompt)
 
     def make_drafter(self, draft: str | None = None) -> Drafter | None:
