@@ -1,18 +1,19 @@
 """Device-parametrised exactness (CPU always, CUDA when PyTorch sees a GPU; the checks live in
 device_checks.py so scripts/gpu-check runs the same ones without pytest), the batch invariance of
-the dtype `auto` picks for this CPU, and the device options' errors."""
+the layout `dtype auto` picks by self-test on this CPU (with a planted-bug control), and the device
+options' errors."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from exactspec.device import cpu_flags, describe, resolve_device, resolve_dtype
+from exactspec.device import describe, resolve_device, resolve_dtype
 from exactspec.errors import ExactSpecError
+from exactspec.models import layouts
 from exactspec.models.fast_llama import FastLlamaLM
 
 from . import device_checks
@@ -45,62 +46,58 @@ def test_negative_control_of_the_verifier_check_fails():
         device_checks.verify_rows = real
 
 
-def block_vs_sequential(lm: FastLlamaLM, ids: torch.Tensor, prefix: int, ks: list[int]) -> dict[int, float]:
-    """Max |logits| difference between scoring ids[prefix:] in k-token blocks and one token at a time."""
-    def run(k: int) -> torch.Tensor:
-        lm.reset()
-        lm.prefill(ids[:, :prefix])
-        out = [lm.forward(ids[:, s : s + k]) for s in range(prefix, ids.shape[1], k)]
-        return torch.cat(out, 1)
-
-    one = run(1)
-    diffs = {k: float((run(k) - one).abs().max()) for k in ks}
-    lm.reset()
-    return diffs
-
-
-def test_auto_cpu_dtype_is_batch_invariant(embedded):
-    """The dtype `auto` picks for this CPU, on the embedded model: logits of a token scored inside a
-    k-token block equal scoring it alone, bit for bit in batch-invariant mode (bf16 with native bf16
-    dot products, as on an AVX-512 BF16 CPU). fp32 (CPUs without native bf16) is not bit-equal in
-    the attention kernel (differences ~1e-9 after attention, ~5e-5 in the logits): there the test
-    holds it to that bound and to equal argmaxes, which is what greedy identity needs in practice."""
-    dtype = resolve_dtype("auto", torch.device("cpu"))
-    module = copy.deepcopy(embedded.target.module).to(dtype)
-    lm = FastLlamaLM(module, embedded.target.eos_token_ids)
-    assert lm.batch_invariant == (dtype != torch.float32)
-    ids = torch.tensor([embedded.encode("Rewrite in the past tense: I walk to school and I see a dog.")])
-    ids = torch.cat([ids, torch.randint(0, lm.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))], 1)
-    diffs = block_vs_sequential(lm, ids, ids.shape[1] - 16, [2, 5, 8, 16])
-    if dtype == torch.bfloat16:
-        assert diffs == {2: 0.0, 5: 0.0, 8: 0.0, 16: 0.0}, diffs
+def test_the_layout_auto_picks_is_bit_equal_across_a_key_block_boundary(embedded, tmp_path, monkeypatch):
+    """Whatever this CPU is, the layout `dtype auto` picks by its self-test scores a token inside a
+    block (of 3, 11 or 19 tokens, crossing invariant attention's 512-key boundary and its 8-row chunks)
+    exactly as scoring it alone, bit for bit; if no layout passed, the fallback is float32 and the engine
+    says greedy identity is by tolerance. A second choice comes from the cache."""
+    monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
+    module = embedded.target.module  # float32; the trials cast copies
+    choice = layouts.choose_layout(module, None)
+    assert not choice.cached and {t.layout for t in choice.trials} == {c.name for c in layouts.CANDIDATES}
+    layout = layouts.layout_named(choice.layout)
+    lm = FastLlamaLM(module, set(), batch_invariant=layout.batch_invariant, dtype=layout.dtype)
+    ids = torch.randint(0, lm.vocab_size, (1, 523), generator=torch.Generator().manual_seed(1))
+    diff = layouts.compare_blocks(lm, ids, 490, (3, 11, 19), stop_early=False)
+    if choice.exact:
+        assert diff == 0.0, (choice, diff)
     else:
-        assert max(diffs.values()) < 1e-3, diffs
+        assert layout == layouts.FALLBACK and "tolerance" in choice.describe() and diff < 1e-3, (choice, diff)
+    again = layouts.choose_layout(module, None)
+    assert again.cached and again.layout == choice.layout
 
 
-@pytest.mark.skipif(resolve_dtype("auto", torch.device("cpu")) != torch.bfloat16, reason="needs native bf16")
-def test_bf16_blocks_stay_invariant_across_a_key_block_boundary(embedded):
-    """Blocks that cross the 512-key boundary of invariant attention, up to auto γ's widest (33 tokens
-    = several 8-query chunks), score each token as scoring it alone does, bit for bit."""
-    module = copy.deepcopy(embedded.target.module).to(torch.bfloat16)
-    lm = FastLlamaLM(module, embedded.target.eos_token_ids)
-    ids = torch.randint(0, lm.vocab_size, (1, 556), generator=torch.Generator().manual_seed(1))
-    assert block_vs_sequential(lm, ids, 490, [3, 11, 33]) == {3: 0.0, 11: 0.0, 33: 0.0}
+def test_a_layout_that_is_not_bit_equal_fails_the_self_test(embedded, tmp_path, monkeypatch):
+    """Negative control, on any CPU: a forward that adds 2^-20 to the logits of blocks (a planted
+    batch-variance) fails every candidate, and auto falls back to float32 saying "by tolerance"."""
+    monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
+    real = FastLlamaLM.forward_rows
+
+    def drifting(self, new_ids, logits=True):
+        out = real(self, new_ids, logits)
+        return out + 2.0 ** -20 if out is not None and new_ids.shape[1] > 1 else out
+
+    monkeypatch.setattr(FastLlamaLM, "forward_rows", drifting)
+    choice = layouts.choose_layout(embedded.target.module, None)
+    assert not any(t.bit_equal for t in choice.trials) and all(t.max_diff > 0 for t in choice.trials)
+    assert choice.layout == "float32" and not choice.exact and "tolerance" in choice.describe()
 
 
-def test_unchunked_bf16_is_not_invariant(embedded):
-    """Negative control for the test above: the same bf16 forward without batch-invariant mode drifts."""
-    module = copy.deepcopy(embedded.target.module).to(torch.bfloat16)
-    lm = FastLlamaLM(module, embedded.target.eos_token_ids, batch_invariant=False)
-    ids = torch.randint(0, lm.vocab_size, (1, 132), generator=torch.Generator().manual_seed(0))
-    assert max(block_vs_sequential(lm, ids, 100, [4, 32]).values()) > 0
+def test_layout_pick_prefers_the_fastest_step_then_the_fastest_block():
+    trial = lambda name, ok, t1, t8: layouts.Trial(name, ok, 0.0 if ok else 1.0, t1, t8)  # noqa: E731
+    assert layouts.pick([trial("bfloat16-invariant", True, 42.0, 45.0),
+                         trial("float32-invariant", True, 60.0, 61.0)]).layout == "bfloat16-invariant"
+    assert layouts.pick([trial("bfloat16-invariant", True, 42.0, 45.0),
+                         trial("float32-invariant", True, 41.0, 80.0)]).layout == "bfloat16-invariant"
+    assert layouts.pick([trial("bfloat16-invariant", False, None, None),
+                         trial("float32-invariant", True, 60.0, 61.0)]).layout == "float32-invariant"
+    assert layouts.pick([trial("float32", False, None, None)]).exact is False
 
 
 def test_auto_choices_follow_the_hardware():
     cpu = torch.device("cpu")
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    native = bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-    assert resolve_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
+    assert resolve_dtype("auto", cpu) == torch.float32  # loading; the lean forward's layout is self-tested
     assert resolve_dtype("float16", cpu) == torch.float16
     assert "dtype" in describe(cpu, torch.float32)
     with pytest.raises(ExactSpecError):

@@ -184,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--prompts", type=int, default=2, help="--table: prompts per workload (default 2)")
     tune.add_argument("--lenience", default="1", metavar="L,...",
                       help="--table: also measure these LOSSY lenience values in (0, 1] (default 1 = exact only)")
+    tune.add_argument("--dtype-test", action="store_true",
+                      help="re-run the dtype self-test of `--dtype auto` on this CPU and model (bit-equality of "
+                           "k-token blocks vs single tokens, T(1) and T(8) per layout), refresh its cache, and "
+                           "print what it found")
     tune.set_defaults(func=cmd_tune)
 
     theory = sub.add_parser("theory", help="the paper's formulas: speed-up, arithmetic cost, optimal gamma",
@@ -277,7 +281,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = {
         "prompt_token_ids": results[0].prompt_token_ids,
         "samples": [{"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason} for r in results],
-        "stats": stats.to_dict(),
+        "stats": {**stats.to_dict(), **engine.runtime()},
     }
     if not args.json:  # the speculative result now, the plain run's comparison when it is done
         _print_samples(results, stats, constraint)
@@ -431,6 +435,33 @@ def _check_free_text(workloads: list[str]) -> None:
                                  f"`exactspec bench --workloads {w}`")
 
 
+def _dtype_test(args: argparse.Namespace) -> int:
+    """`tune --dtype-test`: the layout self-test of `dtype auto`, re-run, cached and printed."""
+    from dataclasses import asdict
+
+    from .embedded import embedded_model_path
+    from .models.fast_llama import FastLlamaLM
+    from .models.layouts import choose_layout
+
+    if args.backend != "torch" or args.device not in ("auto", "cpu"):
+        raise ExactSpecError("--dtype-test tests the torch backend on the CPU")
+    args.dtype = "float32"  # the trials cast from the checkpoint's full-precision weights
+    engine = load_engine(args)
+    if not isinstance(engine.target, FastLlamaLM):
+        raise ExactSpecError("--dtype-test: this target does not run on the lean Llama forward; auto keeps float32")
+    choice = choose_layout(engine.target.module, args.target or embedded_model_path(), refresh=True)
+    if args.json:
+        print(json.dumps(asdict(choice)))
+        return 0
+    print(engine.hardware.split(", dtype")[0])
+    print("layout              bit-equal  max |diff|  T(1) ms  T(8) ms")
+    for t in choice.trials:
+        ms = lambda v: f"{v:7.1f}" if v is not None else "      –"  # noqa: E731
+        print(f"{t.layout:18s}  {'yes' if t.bit_equal else 'no':9s}  {t.max_diff:10.3g}  {ms(t.t1_ms)}  {ms(t.t8_ms)}")
+    print(f"dtype auto picks {choice.describe()}")
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -439,6 +470,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .stats import Stats
 
     _check_free_text(args.workloads.split(",") if args.table else [args.workload])
+    if args.dtype_test:
+        return _dtype_test(args)
     if args.table:
         return _tune_table(args)
     params = SamplingParams(temperature=args.temperature)

@@ -94,7 +94,9 @@ def grammar_from_spec(spec) -> str | None:
             raise ExactSpecError("json_schema must be an object with 'name' and 'schema'")
         if "json_schema" in spec and not isinstance(inner.get("name"), str):
             raise ExactSpecError("json_schema.name is required")
-        schema = inner.get("schema", {})
+        if "schema" not in inner:
+            raise ExactSpecError("json_schema.schema is required (for any JSON, use {\"type\": \"json_object\"})")
+        schema = inner["schema"]
         if not isinstance(schema, dict):
             raise ExactSpecError("json_schema.schema must be a JSON object")
         return json_schema_grammar(schema, strict=bool(inner.get("strict", False)))
@@ -167,6 +169,8 @@ class Matcher:
     def mask(self) -> torch.Tensor:
         """[V] bool: tokens allowed next."""
         bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        if self.m.is_error():  # e.g. a language with no string at all ({"$ref": "#"}, [^\s\S])
+            raise ExactSpecError(f"the constraint matches no text here: {_one_line(self.m.get_error()).split(';')[0]}")
         out = np.zeros(self.vocab_size, dtype=bool)
         n = min(len(bits), self.vocab_size)
         out[:n] = bits[:n]
@@ -235,6 +239,9 @@ class Matcher:
 # --- the law ------------------------------------------------------------------------------------
 
 
+MIN_REPETITION_PENALTY = 0.01  # and at most its inverse: logits scaled by more overflow towards inf / NaN
+
+
 @dataclass(frozen=True)
 class Penalties:
     """OpenAI / Hugging Face penalty keywords (defaults: off)."""
@@ -248,8 +255,9 @@ class Penalties:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 1 / MIN_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {1 / MIN_REPETITION_PENALTY:g}] "
+                             f"(further from 1 the logits overflow), got {self.repetition_penalty}")
         for token, bias in self.logit_bias.items():
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")

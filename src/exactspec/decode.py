@@ -20,7 +20,7 @@ from .drafters.base import Drafter, Proposal
 from .errors import ExactSpecError
 from .models.base import CausalLM
 from .models.prefix_cache import prefill_prompt, remember
-from .sampling import SamplingParams, warp
+from .sampling import LawError, SamplingParams, bad_laws, warp
 from .stats import Stats
 from .verify import accept_greedy, accept_greedy_lenient, verify
 from .verify_torch import verify_on_device
@@ -149,6 +149,8 @@ def _loop(target, drafter, context, params, gamma, max_new_tokens, generator, st
         else:
             logits = target.forward(torch.tensor([feed]))[0]  # [k'+1, V]
             target_probs = warp(logits, params) if law is None else law.probs(logits, drafts)
+            if len(bad_laws(target_probs)):
+                raise LawError()
             draft_probs = proposal.probs[: len(drafts)] if proposal is not None and proposal.probs is not None else None
             if verifier is verify:  # the NumPy verifier reads host memory (no copy on the CPU)
                 target_probs, draft_probs = target_probs.cpu(), None if draft_probs is None else draft_probs.cpu()

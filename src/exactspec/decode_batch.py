@@ -10,6 +10,10 @@ generator, sampling parameters and γ, so a row's output does not depend on whic
 its batch — except under auto γ, which prices an iteration by the batched T(B, k) and so drafts less
 as the batch fills: a greedy row is still identical, a sampled row draws an equally exact but
 different sample than it would alone.
+
+Failures stay in their row: an exception in a row's own work (drafting, its law -- a grammar dead end,
+a law that is not a distribution --, verification, commit) sets `row.error` and ends that row only;
+the other rows of the iteration go on untouched.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from .device import device_of
 from .drafters.base import Drafter
 from .errors import ExactSpecError
 from .models.prefix_cache import cache_of, remember
-from .sampling import SamplingParams, warp
+from .sampling import LawError, SamplingParams, bad_laws, warp
 from .stats import Stats, total
 from .verify import accept_greedy, verify
 from .verify_torch import verify_rows
@@ -74,6 +78,7 @@ class Row:
     stats: Stats = field(default_factory=Stats)
     law: TargetLaw | None = None  # grammar / penalties / logprobs of this row (constraints.py)
     cancelled: bool = False  # set by the caller: the row leaves when the current iteration ends
+    error: Exception | None = None  # this row failed alone; it leaves when the iteration ends
     done: bool = False  # EOS, max_new_tokens or the context limit: it leaves when the iteration ends
     context: list[int] = field(init=False)
     produced: int = 0
@@ -166,26 +171,31 @@ class BatchDecoder:
         t = time.perf_counter()
         logits = self.target.forward_rows(feed)  # [A, K+1, V]
         emitted = self._greedy(rows, drafts, logits)  # {j: tokens}: greedy rows need no [V] laws
-        rest = [j for j in range(len(rows)) if j not in emitted]  # rows verified against warped laws
+        rest = [j for j in range(len(rows)) if j not in emitted and rows[j].error is None]  # against warped laws
         warped = logits if len(rest) == len(rows) else logits[rest]  # [R, K+1, V]
         target_probs = _warp_rows(warped, [rows[j].params for j in rest]) if rest else None  # [R, K+1, V]
         seconds = time.perf_counter() - t
         policy = next((r.gamma for r in rows if isinstance(r.gamma, AutoGamma)), None)
         if policy is not None:  # T(B, k) is the target's: one observation serves every policy
             policy.observe_step(width, seconds, len(rows))
-        for i, j in enumerate(rest):
-            law, ids = rows[j].law, drafts[j][0]
-            if law is not None and not law.trivial:
-                target_probs[i, : len(ids) + 1] = law.probs(logits[j, : len(ids) + 1], ids.tolist())
-        if rest and self.verifier is verify and device_of(self.target).type != "cpu":
-            emitted.update(zip(rest, _verify_on_device([rows[j] for j in rest], [drafts[j] for j in rest],
-                                                       target_probs)))
+        if rest:
+            self._laws(rows, drafts, logits, rest, target_probs)
         position = {j: i for i, j in enumerate(rest)}
+        rest = [j for j in rest if rows[j].error is None]
+        if rest and self.verifier is verify and device_of(self.target).type != "cpu":
+            probs = target_probs[[position[j] for j in rest]] if len(rest) < len(position) else target_probs
+            emitted.update(zip(rest, _verify_on_device([rows[j] for j in rest], [drafts[j] for j in rest], probs)))
 
         keep_lengths, still = [], []
         for j, (row, (ids, probs, forced)) in enumerate(zip(rows, drafts)):
             laws = target_probs[position[j]] if j in position else None  # [K+1, V]
-            keep, out = self._verify(row, ids, probs, laws, forced, emitted.get(j), matches[j])
+            if row.error is None:
+                try:
+                    keep, out = self._verify(row, ids, probs, laws, forced, emitted.get(j), matches[j])
+                except Exception as e:  # this row alone fails
+                    row.error = e
+            if row.error is not None:
+                keep, out, row.done = len(row.context), [], True
             keep_lengths.append(keep)
             yield row, out
             if not row.done and not row.cancelled:
@@ -201,6 +211,22 @@ class BatchDecoder:
             self.target.select_rows(torch.tensor(order, dtype=torch.long))
             self.rows = [rows[j] for j in order]
 
+    @staticmethod
+    def _laws(rows: list[Row], drafts, logits: torch.Tensor, rest: list[int], target_probs: torch.Tensor) -> None:
+        """Fill the laws [K+1, V] of the `rest` rows that have one of their own (grammar, penalties,
+        logprobs) into target_probs (row i is rows[rest[i]]); a row whose law fails or is not a
+        distribution (NaN, no mass) gets `error` set."""
+        for i, j in enumerate(rest):
+            law, ids = rows[j].law, drafts[j][0]
+            if law is not None and not law.trivial:
+                try:
+                    target_probs[i, : len(ids) + 1] = law.probs(logits[j, : len(ids) + 1], ids.tolist())
+                except Exception as e:
+                    rows[j].error = e
+        widths = torch.tensor([len(drafts[j][0]) + 1 for j in rest], device=target_probs.device)
+        for i in bad_laws(target_probs, widths).tolist():  # one check (one host sync) for all rows
+            rows[rest[i]].error = rows[rest[i]].error or LawError()
+
     def _draft(self, rows: list[Row], room: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None, int]], list[int]]:
         """Every row's drafts (ids, probs, grammar-forced count) and match lengths, as decode.propose
         makes them for one row: grammar-forced tokens first (outside γ), then the drafter's `budget`
@@ -215,8 +241,11 @@ class BatchDecoder:
             key = (id(row.gamma), copying(row.drafter, row.gamma))  # auto is asked once per policy
             if key not in wants:
                 wants[key] = budget(row.drafter, row.gamma, len(rows))
-            k = wants[key]
-            proposals.append(draft(row.drafter, k, row.context, cap, row.params, row.generator, row.law))
+            try:
+                proposals.append(draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law))
+            except Exception as e:  # this row alone fails
+                row.error = e
+                proposals.append((None, 0))
         widths = {}  # per copying policy
         for row, (proposal, forced) in zip(rows, proposals):
             if copying(row.drafter, row.gamma):
@@ -243,8 +272,13 @@ class BatchDecoder:
             return {}
         out, argmax = {}, None
         for j, (row, (ids, _, _)) in enumerate(zip(rows, drafts)):
+            if row.error is not None:
+                continue
             if row.law is not None and row.law.greedy_fast:
-                out[j] = row.law.greedy(logits[j, : len(ids) + 1], ids.tolist())
+                try:
+                    out[j] = row.law.greedy(logits[j, : len(ids) + 1], ids.tolist())
+                except Exception as e:  # a grammar dead end: this row alone fails
+                    row.error = e
             elif row.params.greedy and (row.law is None or row.law.trivial):
                 argmax = logits.argmax(-1).tolist() if argmax is None else argmax  # [A][K+1], one copy
                 out[j] = accept_greedy(ids.tolist(), argmax[j][: len(ids) + 1])
@@ -351,6 +385,8 @@ def decode_batch(
     t_start = time.perf_counter()
     while decoder.rows:
         for row, tokens in decoder.step():
+            if row.error is not None:
+                raise row.error
             yield row.key, tokens
             row.cancelled = row.key in cancelled
     batch_stats.decode_s += time.perf_counter() - t_start

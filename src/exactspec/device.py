@@ -1,16 +1,14 @@
 """Where the torch backend runs and in which dtype, decided at load from what the machine has.
 
     device: "auto" -> the first CUDA GPU when one is visible, else the CPU; or "cpu", "cuda", "cuda:N".
-    dtype:  "auto" -> bfloat16 on a GPU; on a CPU, bfloat16 when /proc/cpuinfo lists native bf16 dot
-            products (avx512_bf16 or amx_bf16), float32 otherwise; or "float32", "bfloat16", "float16".
+    dtype:  "auto" -> bfloat16 on a GPU; on a CPU, float32 for loading, after which the lean Llama
+            forward's layout (dtype + batch-invariant mode) is chosen by a self-test on the loaded model
+            (models/layouts.py); or "float32", "bfloat16", "float16".
 
-Why bf16 on such a CPU: plain decoding is ~1.7x faster than fp32 and a k-token pass (k <= 8) costs about
-one step. Greedy identity needs more than speed: the logits of a token scored inside a k-token block
-must be bit-equal to scoring it alone. In bf16 the projections (oneDNN) are bit-equal for any number
-of rows; attention over a block was not (the fused kernel's q.K^T block depends on the query count),
-which the lean forward fixes by scoring every query as its own one-row attention (models/fast_llama.py).
-fp32 projections go through MKL, whose 1-row and k-row kernels differ by ~5e-5: fp32 is the fallback
-for CPUs without native bf16, close to invariant but not bit-equal (tests/test_device.py).
+Why not from /proc/cpuinfo flags: greedy identity needs the logits of a token scored inside a k-token
+block to be bit-equal to scoring it alone, and whether a layout gives that, and which layout is faster,
+depends on the CPU's kernels: bf16 won on an AMD EPYC with AVX-512 BF16 and lost to fp32 on an Intel
+Xeon with AMX, where the same flags are listed. So the flags only name the CPU in `describe`.
 No CUDA call happens unless a GPU was asked for or found (torch.cuda.is_available() is safe on CPU).
 """
 
@@ -22,7 +20,7 @@ from .errors import ExactSpecError
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU flags under which bf16 matmuls run natively
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # named in `describe`: native bf16 dot products
 
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
@@ -63,20 +61,34 @@ def resolve_dtype(spec: str | torch.dtype | None, device: torch.device) -> torch
     if spec == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_flags() & set(BF16_FLAGS) else torch.float32
+        return torch.float32
     if spec not in DTYPES:
         raise ExactSpecError(f"unknown dtype {spec!r}: choose auto, {', '.join(DTYPES)}")
     return DTYPES[spec]
 
 
-def describe(device: torch.device, dtype: torch.dtype) -> str:
-    """One line naming the device, the dtype and the hardware facts the choice rests on."""
+def describe(device: torch.device, dtype: torch.dtype, layout=None) -> str:
+    """One line naming the device, the dtype, the CPU it runs on and, when the dtype self-test chose the
+    layout (`layout`: a models.layouts.Choice), what it found."""
     name = str(dtype).removeprefix("torch.")
     if device.type == "cuda":
         return f"device {device} ({torch.cuda.get_device_name(device)}), dtype {name}"
     flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", *BF16_FLAGS, "amx_tile", "amx_int8"})
-    return (f"device cpu ({torch.backends.cpu.get_cpu_capability()}; flags: {' '.join(flags) or 'none'}), "
-            f"dtype {name}")
+    chosen = f"; dtype auto chose {layout.describe()}" if layout is not None else ""
+    return (f"device cpu ({cpu_name()}, {torch.backends.cpu.get_cpu_capability()}; flags: "
+            f"{' '.join(flags) or 'none'}), dtype {name}{chosen}")
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def device_of(model) -> torch.device:

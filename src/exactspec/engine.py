@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .chat_prompt import encode_chat
 from .constraints import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec, llg_tokenizer
 from .costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
 from .decode import decode
@@ -30,6 +31,7 @@ from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
 from .models.base import CausalLM
+from .models.layouts import choose_layout, layout_named
 from .models.prefix_cache import PrefixCache
 from .models.seq2seq import Seq2SeqLM, is_encoder_decoder, load_seq2seq_model
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
@@ -66,9 +68,22 @@ class Engine:
         self._batch_costs = BatchCosts()  # T(B, k), refined by batched auto-gamma iterations
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
         self.hardware = "device cpu"  # `load` names device, dtype and the CPU flags behind the choice
+        self.device, self.dtype = "cpu", "float32"  # where and in which dtype the target computes
+        self.layout = None  # the dtype self-test's Choice (models/layouts.py) when `dtype="auto"` ran it on a CPU
         self._acceptance: dict[str, Acceptance] = {}  # per drafter: α by match length, across requests
         self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
         self._llg_tok = None  # llguidance's view of the tokenizer, built on the first constrained request
+
+    def runtime(self) -> dict:
+        """Where and in which dtype the target computes, and on what greedy identity rests (the dtype
+        self-test's verdict): for `generate --json` stats, `serve`'s start-up log and `/v1/models`."""
+        if self.layout is not None:
+            identity = "bit-exact (self-test)" if self.layout.exact else "by tolerance (no layout passed the self-test)"
+        elif self.dtype == "gguf":
+            identity = "not self-tested at load (llama.cpp; the test suite checks greedy identity on the embedded GGUF)"
+        else:
+            identity = "not self-tested (dtype given, or a GPU / an adapter without the lean forward)"
+        return {"device": self.device, "dtype": self.dtype, "greedy_identity": identity, "hardware": self.hardware}
 
     # --- prefix cache ----------------------------------------------------------------------
     def set_prefix_cache(self, budget_mb: float | None) -> None:
@@ -86,7 +101,8 @@ class Engine:
 
     # --- prompt handling -------------------------------------------------------------------
     def encode(self, prompt: str | list[dict], chat_template: bool | None = None) -> list[int]:
-        """A user prompt (or a list of chat messages) -> prompt token ids."""
+        """A user prompt (or a list of chat messages) -> prompt token ids. Through the chat template,
+        message content is never parsed for special tokens (chat_prompt.py); a raw prompt is."""
         use_chat = self.chat_template if chat_template is None else chat_template
         if isinstance(prompt, list):
             if not getattr(self.tokenizer, "chat_template", None):
@@ -94,9 +110,8 @@ class Engine:
             use_chat, messages = True, prompt
         else:
             messages = [{"role": "user", "content": prompt}]
-        if use_chat:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+        if use_chat:  # message content is text: a special token's text in it is not that token
+            return encode_chat(self.tokenizer, messages)
         return self.tokenizer.encode(prompt)
 
     def make_drafter(self, draft: str | None = None) -> Drafter | None:
@@ -398,8 +413,9 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
     `backend`: "torch" (default) or "llama.cpp" (GGUF files only; needs the llamacpp extra).
     `prefix_cache_mb`: keep the KV of recent sequences across requests in this many MiB (0 = off).
     `device`: "auto" (a CUDA GPU when visible, else the CPU), "cpu", "cuda" or "cuda:N"; `dtype`: "auto"
-    (bf16 on a GPU or on a CPU with native bf16, else fp32; see device.py) or a dtype / its name.
-    The choice is on `engine.hardware`."""
+    (bf16 on a GPU; on a CPU the fastest layout that passes a bit-equality self-test on this model,
+    cached per machine and model: models/layouts.py) or a dtype / its name.
+    The choice is on `engine.device`, `engine.dtype`, `engine.layout` and, in words, `engine.hardware`."""
     engine = _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, device)
     engine.set_prefix_cache(prefix_cache_mb)
     return engine
@@ -428,24 +444,37 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     where = resolve_device("cpu" if seq2seq and device == "auto" else device)  # before the slow load
     if seq2seq and where.type != "cpu":
         raise ExactSpecError(f"--device {device}: encoder-decoder targets run on the CPU only")
-    wanted = resolve_dtype(dtype, where)
-    # CPU "auto" picks bf16 for the batch-invariant lean forward only: other adapters stay fp32
-    dtype = torch.float32 if dtype in (None, "auto") and where.type == "cpu" else wanted
+    choose = dtype in (None, "auto") and where.type == "cpu"  # the lean forward's layout by self-test
+    wanted = resolve_dtype(dtype, where)  # CPU auto: float32 until (and unless) the self-test picks
 
     def load_module(model_path: str) -> torch.nn.Module:
-        module = load_seq2seq_model(model_path, dtype) if seq2seq else load_hf_model(model_path, dtype, where, fast)
-        return module.to(wanted) if fast and not seq2seq and fast_llama.supports(module) else module
+        if seq2seq:
+            return load_seq2seq_model(model_path, wanted)
+        return load_hf_model(model_path, wanted, where, light=fast)  # light: the lean forward only reads weights
 
     tokenizer = load_tokenizer(path)
-    target_lm = adapter(load_module(path), _eos_ids(tokenizer), fast)
-    dtype = getattr(target_lm, "dtype", dtype)
+    module = load_module(path)
+    layout = None
+    if not seq2seq and fast and fast_llama.supports(module):
+        if choose:
+            layout = choose_layout(module, path)
+            wanted, invariant = layout_named(layout.layout).dtype, layout_named(layout.layout).batch_invariant
+        else:
+            invariant = None  # the dtype's default mode (fast_llama.FastLlamaLM)
+        target_lm = fast_llama.FastLlamaLM(module.to(wanted), _eos_ids(tokenizer), batch_invariant=invariant)
+    else:
+        target_lm = adapter(module, _eos_ids(tokenizer), fast)
     draft_lm = None
-    if draft not in DRAFT_NAMES:  # the draft model sits on the target's device
-        draft_lm = adapter(load_module(draft), target_lm.eos_token_ids, fast)
+    if draft not in DRAFT_NAMES:  # the draft model sits on the target's device, in the target's dtype
+        draft_module = load_module(draft)
+        draft_lm = adapter(draft_module.to(wanted) if fast and fast_llama.supports(draft_module) else draft_module,
+                           target_lm.eos_token_ids, fast)
         check_same_vocab(target_lm, draft_lm, tokenizer, draft)
         draft = "model"
     engine = Engine(target_lm, tokenizer, draft, gamma, draft_lm, chat_template)
-    engine.hardware = describe(where, dtype)
+    engine.device, engine.dtype = str(where), str(getattr(target_lm, "dtype", wanted)).removeprefix("torch.")
+    engine.layout = layout
+    engine.hardware = describe(where, getattr(target_lm, "dtype", wanted), layout)
     return engine
 
 

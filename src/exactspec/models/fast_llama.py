@@ -14,14 +14,15 @@ softmax sum run over the keys up to the block's end, so a token inside a block s
 (masked, zero) keys than alone, in another order; (3) the CPU matmul libraries pick their kernel by
 the row count M (MKL fp32: 1-row vs k-row results differ by ~5e-5; oneDNN bf16 mostly agrees, not
 always, and bf16 rounding amplified all of it to 0.75 in the logits). The fix, `batch_invariant`
-mode (the default for bf16 / fp16 on a CPU): attention in float32 with q·Kᵀ and P·V as matmuls over
-exactly INVARIANT_ROWS queries per KV head (`_invariant_attention`) across whole blocks of ATTN_BLOCK
-keys (masked keys add exact zeros), and every projection on exactly INVARIANT_ROWS rows (zero-padded
-chunks). Price (embedded model, 2 threads, 300-token context): a plain step computes 8 rows, 42.5 ms
-in bf16 vs 32.7 ms without the mode, while 4- and 8-token blocks cost about one step (42.2 / 45.7 ms;
-one fused-attention call per query, the first version, took 68 / 99 ms). fp32 is left out of the mode
-by default: MKL's fp32 matmuls stay ~5e-5 apart in the logits even so, so the mode would cost ~55%
-without making it bit-equal; greedy identity there rests on those margins (tested).
+mode: attention in float32 with q·Kᵀ and P·V as matmuls over exactly INVARIANT_ROWS queries per KV head
+and exactly ATTN_BLOCK keys per block (`_invariant_attention`: blocks summed in order, so blocks beyond
+a query add exact zeros), and every projection on exactly INVARIANT_ROWS rows (zero-padded chunks).
+Whether a layout (dtype, mode) is bit-equal on a given CPU, and which is fastest, is measured at load
+(models/layouts.py: `dtype auto`); on an Intel Xeon with AMX both bf16 and fp32 in this mode pass and
+neither passes without it (an AMD EPYC with AVX-512 BF16 passed bf16 in the mode). Price (embedded model, 2 threads, 300-token context,
+AMD EPYC): a plain step computes 8 rows, 42.5 ms in bf16 vs 32.7 ms without the mode, while 4- and
+8-token blocks cost about one step (42.2 / 45.7 ms). A layout chosen explicitly (`--dtype`) keeps the
+old default: the mode for bf16 / fp16 on a CPU, not for fp32.
 CUDA runs unchunked (cuBLAS is not
 row-invariant either: there greedy identity is tested, not guaranteed bit for bit).
 The weights, the cache and the logits live on the module's device (CPU or CUDA); the cache lengths
@@ -50,16 +51,17 @@ def supports(module: torch.nn.Module) -> bool:
 
 
 class Layer:
-    def __init__(self, hf_layer: torch.nn.Module):
+    def __init__(self, hf_layer: torch.nn.Module, dtype: torch.dtype):
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
-        self.norm1 = hf_layer.input_layernorm.weight.detach()
-        self.norm2 = hf_layer.post_attention_layernorm.weight.detach()
-        self.wqkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()  # [(H+2Hkv)·d, D]
+        cast = lambda *ws: torch.cat(ws).detach().to(dtype) if len(ws) > 1 else ws[0].detach().to(dtype)  # noqa: E731
+        self.norm1 = cast(hf_layer.input_layernorm.weight)
+        self.norm2 = cast(hf_layer.post_attention_layernorm.weight)
+        self.wqkv = cast(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)  # [(H+2Hkv)·d, D]
         biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-        self.bqkv = torch.cat(biases).detach() if biases[0] is not None else None
-        self.wo = attn.o_proj.weight.detach()  # [D, H·d]
-        self.w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()  # [2I, D]
-        self.w_down = mlp.down_proj.weight.detach()  # [D, I]
+        self.bqkv = cast(*biases) if biases[0] is not None else None
+        self.wo = cast(attn.o_proj.weight)  # [D, H·d]
+        self.w_gate_up = cast(mlp.gate_proj.weight, mlp.up_proj.weight)  # [2I, D]
+        self.w_down = cast(mlp.down_proj.weight)  # [D, I]
 
 
 class FastLlamaLM:
@@ -71,18 +73,21 @@ class FastLlamaLM:
     with uneven acceptance, continuous batching). The cache tensors have room for at least B rows;
     rows [0, B) are live, so rows leave and join by moving only the rows that change slot.
     The `CausalLM` methods are the B = 1 view.
+    `dtype`: compute in this dtype (default: the module's); weights of another dtype are cast copies, so a
+    layout can be tried (models/layouts.py) without touching the module.
     """
 
     def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None, capacity: int = 1024,
-                 batch_invariant: bool | None = None):
+                 batch_invariant: bool | None = None, dtype: torch.dtype | None = None):
         if not supports(module):
             raise ExactSpecError(f"fast path does not support model type {module.config.model_type!r}")
         config = module.config
         self.module = module
-        self.layers = [Layer(layer) for layer in module.model.layers]
-        self.embed = module.model.embed_tokens.weight.detach()  # [V, D]
-        self.final_norm = module.model.norm.weight.detach()
-        self.lm_head = module.lm_head.weight.detach()  # [V, D]
+        dtype = dtype or module.model.embed_tokens.weight.dtype
+        self.layers = [Layer(layer, dtype) for layer in module.model.layers]
+        self.embed = module.model.embed_tokens.weight.detach().to(dtype)  # [V, D]
+        self.final_norm = module.model.norm.weight.detach().to(dtype)
+        self.lm_head = module.lm_head.weight.detach().to(dtype)  # [V, D]
         self.eps = config.rms_norm_eps
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
@@ -293,23 +298,40 @@ class FastLlamaLM:
 
 def _invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                          positions: torch.Tensor) -> torch.Tensor:
-    """Causal attention whose result for a query does not depend on how many queries share the call.
+    """Causal attention whose result for a query does not depend on how many queries share the call,
+    nor on how many key blocks the call spans.
 
     q [B, H, k, d], keys / values [B, Hkv, end, d] (end: whole ATTN_BLOCKs), positions [B, k] -> [B, H, k, d].
-    In float32: per KV head, the queries (G = H / Hkv heads each) go through q·Kᵀ and P·V in matmuls of
-    exactly INVARIANT_ROWS queries (zero-padded), so every query meets the same kernel with the same
-    shapes; softmax is row-wise; masked keys add exact zeros. (One fused-attention call per query, the
-    earlier way, cost ~0.5 ms per query per layer on a CPU core: 4x a plain step's whole attention.)"""
+    In float32, per KV head: the queries (G = H / Hkv heads each) are cut into chunks of exactly
+    INVARIANT_ROWS (zero-padded) and the keys into blocks of exactly ATTN_BLOCK, so every q·Kᵀ and P·V
+    matmul has one shape whatever k and end are, and the library picks one kernel for it. The softmax
+    subtracts the max over all allowed keys (a max is exact in any order), sums each block on its own,
+    and adds the blocks' sums and P·V products in block order: a block beyond a query's position adds
+    exact zeros, so a query alone (end = its own block) and inside a wider call (one more block) get the
+    same bits. (A softmax and P·V over all `end` keys at once was invariant on an AMD EPYC but not on an
+    Intel Xeon with AMX, where the kernels for 512 and 1024 keys summed in different orders.)"""
     B, H, k, d = q.shape
+    R, A = INVARIANT_ROWS, ATTN_BLOCK
+    if keys.shape[2] % A:  # a model whose context is not whole blocks: zero keys, masked below
+        keys, values = (F.pad(t, (0, 0, 0, -t.shape[2] % A)) for t in (keys, values))
     Hkv, end = keys.shape[1], keys.shape[2]
-    G, pad = H // Hkv, -k % INVARIANT_ROWS
-    chunks = (k + pad) // INVARIANT_ROWS
+    G, pad, blocks = H // Hkv, -k % R, end // A
+    chunks = (k + pad) // R
     qg = q.float().view(B, Hkv, G, k, d).transpose(2, 3)  # [B, Hkv, k, G, d]
-    qg = F.pad(qg, (0, 0, 0, 0, 0, pad)).reshape(B, Hkv, chunks, INVARIANT_ROWS * G, d)
-    scores = qg @ keys.float().transpose(-1, -2)[:, :, None] * d ** -0.5  # [B, Hkv, chunks, R·G, end]
+    qg = F.pad(qg, (0, 0, 0, 0, 0, pad)).reshape(B, Hkv, chunks, 1, R * G, d)
+    kb = keys.float().view(B, Hkv, 1, blocks, A, d)
+    scores = (qg @ kb.transpose(-1, -2) * d ** -0.5).view(B, Hkv, chunks, blocks, R, G, A)
     padded = torch.cat([positions, positions[:, -1:].expand(B, pad)], 1)  # pad queries: any valid row
     allowed = torch.arange(end, device=q.device) <= padded[..., None]  # [B, k+pad, end]
-    scores = scores.view(B, Hkv, k + pad, G, end).masked_fill(~allowed[:, None, :, None], float("-inf"))
-    probs = scores.softmax(-1).view(B, Hkv, chunks, INVARIANT_ROWS * G, end)
-    out = (probs @ values.float()[:, :, None]).view(B, Hkv, k + pad, G, d)[:, :, :k]  # [B, Hkv, k, G, d]
+    allowed = allowed.view(B, chunks, R, blocks, A).transpose(2, 3)[:, None, :, :, :, None]  # [B,1,c,n,R,1,A]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    top = scores.amax(dim=(3, 6), keepdim=True)  # [B, Hkv, chunks, 1, R, G, 1]
+    probs = (scores - top).exp()  # masked keys: exact zeros
+    sums = probs.sum(-1)  # [B, Hkv, chunks, blocks, R, G]
+    parts = probs.view(B, Hkv, chunks, blocks, R * G, A) @ values.float().view(B, Hkv, 1, blocks, A, d)
+    total, weighted = sums[:, :, :, 0], parts[:, :, :, 0]  # in block order: [B,Hkv,c,R,G], [B,Hkv,c,R·G,d]
+    for j in range(1, blocks):
+        total, weighted = total + sums[:, :, :, j], weighted + parts[:, :, :, j]
+    out = weighted.view(B, Hkv, chunks, R, G, d) / total[..., None]
+    out = out.view(B, Hkv, k + pad, G, d)[:, :, :k]  # [B, Hkv, k, G, d]
     return out.transpose(2, 3).reshape(B, H, k, d).to(q.dtype)

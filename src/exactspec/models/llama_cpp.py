@@ -357,6 +357,7 @@ def llamacpp_engine(path: str | None = None, draft: str = "prompt-lookup", gamma
     flash_attn, type_k, ...)."""
     from ..embedded import embedded_model_path
     from ..engine import DRAFT_NAMES, Engine, check_gamma, check_same_vocab  # lazy: engine.py imports this module
+    from ..device import cpu_name
     from .torch_hf import load_tokenizer
 
     gamma = check_gamma(gamma)
@@ -371,4 +372,6 @@ def llamacpp_engine(path: str | None = None, draft: str = "prompt-lookup", gamma
                                   eos_token_ids=target.eos_token_ids, repack=target.repack, **llama_kwargs)
         check_same_vocab(target, draft_lm, tokenizer, draft)
         draft = "model"
-    return Engine(target, tokenizer, draft, gamma, draft_lm, chat_template)
+    engine = Engine(target, tokenizer, draft, gamma, draft_lm, chat_template)
+    engine.dtype, engine.hardware = "gguf", f"llama.cpp on the CPU ({cpu_name()}), the GGUF's own weight types"
+    return engine
