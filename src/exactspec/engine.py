@@ -448,7 +448,9 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     wanted = resolve_dtype(dtype, where)  # CPU auto: float32 until (and unless) the self-test picks
 
     def load_module(model_path: str) -> torch.nn.Module:
-        return load_seq2seq_model(model_path, wanted) if seq2seq else load_hf_model(model_path, wanted, where)
+        if seq2seq:
+            return load_seq2seq_model(model_path, wanted)
+        return load_hf_model(model_path, wanted, where, light=fast)  # light: the lean forward only reads weights
 
     tokenizer = load_tokenizer(path)
     module = load_module(path)

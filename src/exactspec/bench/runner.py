@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine import Engine, GenerationResult
+from ..models.light_llama import hf_module
 from ..sampling import SamplingParams
 from ..stats import Stats, total
 from .workloads import CONSTRAINED, load_cases, load_workload, schema_valid
@@ -65,7 +66,7 @@ def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, cons
 
 
 def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
-    module = engine.target.module
+    module = hf_module(engine.target.module)  # a converted GGUF's lean module -> transformers' over its weights
     eos = sorted(engine.target.eos_token_ids)
     # generate returns prompt + new tokens; an encoder-decoder's, the decoder's start + new tokens
     start = len(engine.target.decoder_prompt) if engine.is_encoder_decoder else None
