@@ -24,7 +24,7 @@ from . import light_llama
 from .gguf import GGUFFile
 from .light_tokenizer import matches_transformers
 
-FORMAT = "1"  # bump when the converted layout changes: older entries are then ignored
+FORMAT = "2"  # bump when the converted layout or its checks change: older entries are then ignored
 _DONE = "exactspec-converted.json"  # written last: an entry without it is incomplete
 _READ_ERRORS = (ValueError, struct.error, IndexError, OverflowError, UnicodeDecodeError, OSError, KeyError)
 

@@ -63,8 +63,31 @@ class LightTokenizer:
             return self.backend_tokenizer.id_to_token(ids)
         return [self.backend_tokenizer.id_to_token(i) for i in ids]
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    def convert_tokens_to_ids(self, tokens: str | list[str]):
+        if isinstance(tokens, str):
+            return self.backend_tokenizer.token_to_id(tokens)
+        return [self.backend_tokenizer.token_to_id(t) for t in tokens]
+
+    @property
+    def added_tokens_decoder(self) -> dict:
+        """id -> AddedToken (with .content and .special), as transformers' fast tokenizers expose it."""
+        return self.backend_tokenizer.get_added_tokens_decoder()
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        return [t.content for t in self.added_tokens_decoder.values() if t.special]
+
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
+        """`split_special_tokens`: a special token's text in `text` is encoded as plain characters (as
+        transformers does it: the backend's `encode_special_tokens` switch, for this call only)."""
+        backend = self.backend_tokenizer
+        if not split_special_tokens:
+            return backend.encode(text, add_special_tokens=add_special_tokens).ids
+        backend.encode_special_tokens = True
+        try:
+            return backend.encode(text, add_special_tokens=add_special_tokens).ids
+        finally:
+            backend.encode_special_tokens = False
 
     def decode(self, ids: int | list[int], skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool | None = None) -> str:
@@ -83,9 +106,8 @@ class LightTokenizer:
             raise ValueError("this tokenizer has no chat template")
         if self._template is None:
             self._template = _compile(self.chat_template)
-        specials = {name: getattr(self, name) for name in _SPECIAL}
-        text = self._template.render(messages=messages, tools=None, documents=None,
-                                     add_generation_prompt=add_generation_prompt, **{**specials, **kwargs})
+        context = {"tools": None, "documents": None, **{name: getattr(self, name) for name in _SPECIAL}, **kwargs}
+        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **context)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
@@ -128,6 +150,15 @@ def matches_transformers(directory: str | Path) -> bool:
             if any(light.decode(ids, skip_special_tokens=skip) != reference.decode(ids, skip_special_tokens=skip)
                    for skip in (True, False)):
                 return False
+    from ..chat_prompt import special_texts  # what decides whether message content is hostile
+
+    specials = special_texts(reference)
+    if special_texts(light) != specials:
+        return False
+    probe = "a" + " ".join(specials[:3]) + "b"  # typed special tokens: parsed, or text when split
+    if any(light.encode(probe, add_special_tokens=False, split_special_tokens=split)
+           != reference.encode(probe, add_special_tokens=False, split_special_tokens=split) for split in (True, False)):
+        return False
     if bool(light.chat_template) != bool(getattr(reference, "chat_template", None)):
         return False
     if light.chat_template:
