@@ -22,7 +22,7 @@ run: setup
 	$(VENV)/bin/exactspec generate - --compare --max-new-tokens 160 < examples/type-hints.txt
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # Optional llama.cpp backend (llama-cpp-python). The first install builds llama.cpp from source: about
 # 26 minutes on 2 cores; pip's wheel cache makes later installs (new venvs included) take seconds.

@@ -20,10 +20,13 @@ def exactspec(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, words: str) -> None:
+    """Exit 2 and one error line, last; before it at most exactspec's own status lines ("loading ...")."""
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("exactspec: error:") and words in lines[0], proc.stderr
+    errors = [line for line in lines if line.startswith("exactspec: error:")]
+    assert errors == lines[-1:] and words in errors[0], proc.stderr
+    assert all(line.startswith("exactspec: ") for line in lines), proc.stderr
 
 
 @pytest.mark.parametrize("args,words", [
@@ -38,6 +41,34 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, words: str) -> None
 ])
 def test_bad_input_is_one_line(args, words):
     assert_one_line_error(exactspec("generate", "hi", *args), words)
+
+
+def test_footguns_are_one_line_errors(tmp_path):
+    """Empty standard input, --threads 0 or below, no prompt at all: refused before any model load."""
+    empty = subprocess.run([sys.executable, "-m", "exactspec.cli", "generate", "-"], capture_output=True, text=True,
+                           timeout=120, env=ENV, input="")
+    assert_one_line_error(empty, "prompt is empty")
+    for threads in ("0", "-2"):
+        assert_one_line_error(exactspec("generate", "hi", "--threads", threads), "--threads must be >= 1")
+    assert_one_line_error(exactspec("generate"), "--prompt-file")
+    assert_one_line_error(exactspec("generate", "--prompt-file", str(tmp_path / "missing.txt")), "cannot read")
+
+
+def test_prompt_naming_a_file_gets_a_hint(tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_text("Say hi.")
+    proc = exactspec("generate", str(path), "--max-new-tokens", "0")  # refused after the hint, before loading
+    assert proc.returncode == 2 and f"--prompt-file {path}" in proc.stderr, proc.stderr
+
+
+def test_version_is_fast_and_matches_the_package():
+    import exactspec
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "exactspec.cli", "--version"],
+                          capture_output=True, text=True, timeout=60, env=ENV)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"exactspec {exactspec.__version__}", proc.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+    assert not imported & {"torch", "transformers"}  # nothing heavy for --version
 
 
 def test_tune_refuses_the_constrained_workload():

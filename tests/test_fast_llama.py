@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from exactspec.models.fast_llama import FastLlamaLM, supports
+from exactspec.models.light_llama import hf_module
 from exactspec.models.torch_hf import HFCausalLM
 
 from .conftest import tiny_llama
@@ -28,7 +29,7 @@ def test_tiny_logits_match_transformers_through_rollbacks():
 def test_embedded_model_matches_transformers(embedded):
     target = embedded.target
     assert isinstance(target, FastLlamaLM) and supports(target.module)
-    hf = HFCausalLM(target.module, target.eos_token_ids)
+    hf = HFCausalLM(hf_module(target.module), target.eos_token_ids)
     ids = torch.tensor([embedded.encode("Name three colours.")])
     a, b = hf.forward(ids), target.forward(ids) if target.reset() is None else None
     assert torch.allclose(a, b, atol=1e-4)
@@ -40,6 +41,6 @@ def test_embedded_greedy_equals_transformers_generate(embedded):
     ours = embedded.generate("Rewrite in the past tense: I walk to school.", max_new_tokens=24, temperature=0, gamma=4)
     eos = sorted(embedded.target.eos_token_ids)
     with torch.inference_mode():
-        out = embedded.target.module.generate(input_ids=torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+        out = hf_module(embedded.target.module).generate(input_ids=torch.tensor([ids]), max_new_tokens=24, do_sample=False,
                                               eos_token_id=eos, pad_token_id=eos[0])
     assert ours.token_ids == out[0, len(ids):].tolist()

@@ -1,17 +1,27 @@
-"""exactspec: exact speculative decoding for local Transformer language models."""
+"""exactspec: exact speculative decoding for local Transformer language models.
 
-from .spec.loop import decode
-from .spec.interfaces import Drafter, Proposal
-from .drafters.model import ModelDrafter
-from .drafters.ngram import NGramDrafter, PromptLookupDrafter
-from .engine import Engine, GenerationResult, load
-from .errors import ExactSpecError
-from .spec.sampling import SamplingParams, warp
-from .stats import Stats
-from .spec.verify import verify, verify_with_uniforms
+The public names are imported on first use (PEP 562), so `exactspec --version`, `theory` or
+`import exactspec` do not pay for torch until a model is needed."""
 
-__all__ = [
-    "decode", "Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Engine",
-    "GenerationResult", "load", "ExactSpecError", "SamplingParams", "warp", "Stats", "verify",
-    "verify_with_uniforms",
-]
+from __future__ import annotations
+
+import importlib
+
+from ._version import __version__
+
+_EXPORTS = {
+    "decode": ".spec.loop", "Drafter": ".spec.interfaces", "Proposal": ".spec.interfaces", "ModelDrafter": ".drafters.model",
+    "NGramDrafter": ".drafters.ngram", "PromptLookupDrafter": ".drafters.ngram", "Engine": ".engine",
+    "GenerationResult": ".engine", "load": ".engine", "ExactSpecError": ".errors", "SamplingParams": ".spec.sampling",
+    "warp": ".spec.sampling", "Stats": ".stats", "verify": ".spec.verify", "verify_with_uniforms": ".spec.verify",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'exactspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from .cli_common import add_backend_arg, add_model_args, load_engine
+from . import progress
+from ._version import __version__
+from .cli_common import add_backend_arg, add_model_args, add_verbose_arg, load_engine
 from .errors import ExactSpecError
 
 
@@ -66,11 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="exactspec",
         description="Exact speculative decoding: the target model's outputs, fewer target forward passes.",
     )
+    parser.add_argument("--version", action="version", version=f"exactspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text from a prompt",
                          description="Generate from PROMPT with speculative decoding. Greedy output is identical "
                                      "to plain decoding; sampled output has exactly the target's distribution.")
-    gen.add_argument("prompt", help="the prompt text ('-' reads standard input)")
+    gen.add_argument("prompt", nargs="?", help="the prompt text ('-' reads standard input)")
+    gen.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this file instead")
     add_model_args(gen)
     _add_sampling_args(gen)
     gen.add_argument("--num-samples", type=int, default=1, help="independent samples of the prompt (default 1)")
@@ -119,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(batched speculative vs batched plain vs B sequential runs), e.g. 1,4,8")
     bench.add_argument("--threads", type=int, default=None)
     add_backend_arg(bench)
+    add_verbose_arg(bench)
     bench.set_defaults(func=cmd_bench)
 
     tune = sub.add_parser("tune", help="measure costs and acceptance; recommend gamma",
@@ -159,11 +165,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt from the argument, standard input ('-') or --prompt-file; refuses an empty one, and
+    says so when a prompt that looks like a file name is about to be used as text."""
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise ExactSpecError("give a prompt, '-' for standard input, or --prompt-file PATH (one of them)")
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                prompt, source = f.read(), args.prompt_file
+        except OSError as e:
+            raise ExactSpecError(f"cannot read {args.prompt_file}: {e.strerror}") from None
+    elif args.prompt == "-":
+        prompt, source = sys.stdin.read(), "standard input"
+    else:
+        prompt, source = args.prompt, "the prompt argument"
+        if os.path.isfile(prompt):
+            print(f"exactspec: note: using the text {prompt!r} as the prompt; to use that file's contents, "
+                  f"pass --prompt-file {prompt}", file=sys.stderr)
+    if not prompt.strip():
+        raise ExactSpecError(f"the prompt is empty ({source})")
+    return prompt
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import check_gamma
     from .spec.sampling import SamplingParams
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_prompt(args)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                     lenience=args.lenience)
     SamplingParams(**sampling)  # validate before the slow model load
@@ -182,7 +211,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return engine.generate_batch(prompt, n=args.num_samples, seed=args.seed, gamma=gamma, **common)
 
     if args.compare:  # warm up allocator and kernels so neither side pays first-call costs
-        engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0, grammar=constraint)
+        with progress.timed("warm-up"):
+            engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0, grammar=constraint)
     if not args.json and not args.compare and args.num_samples == 1:
         for piece in engine.stream(prompt, seed=args.seed, **common):
             print(piece, end="", flush=True)
@@ -194,7 +224,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "samples": [{"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason} for r in results],
         "stats": {**stats.to_dict(), **engine.runtime()},
     }
+    if not args.json:  # the speculative result now, the plain run's comparison when it is done
+        _print_samples(results, stats, constraint)
     if args.compare:
+        progress.status("decoding the same prompt plainly (gamma 0) to compare ...")
         plain, plain_stats = run(0)
         out["compare"] = {
             "identical": all(a.token_ids == b.token_ids for a, b in zip(results, plain)),
@@ -208,21 +241,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    for i, r in enumerate(results):
-        if len(results) > 1:
-            print(f"--- sample {i + 1}")
-        print(r.text)
-    rate = stats.acceptance_rate
-    print(f"\n[{stats.emitted} tokens, {stats.tokens_per_s or 0:.1f} tok/s, {stats.target_calls} target calls, "
-          f"{stats.tokens_per_target_call or 0:.2f} tokens/call, acceptance "
-          f"{'n/a' if rate is None else f'{rate:.2f}'}"
-          f"{'' if stats.exact else f', LOSSY: lenience {stats.lenience:g}'}"
-          f"{f', {stats.forced} grammar-forced drafts' if constraint is not None else ''}]", file=sys.stderr)
     if args.compare:
         c = out["compare"]
         print(f"[plain decoding: {c['plain_tokens_per_s']:.1f} tok/s; speed-up {c['speedup']:.2f}x; "
               f"outputs identical: {c['identical']}]", file=sys.stderr)
     return 0
+
+
+def _print_samples(results, stats, constraint) -> None:
+    """The samples on stdout, their stats on stderr."""
+    for i, r in enumerate(results):
+        if len(results) > 1:
+            print(f"--- sample {i + 1}")
+        print(r.text, flush=True)
+    rate = stats.acceptance_rate
+    print(f"\n[{stats.emitted} tokens, {stats.tokens_per_s or 0:.1f} tok/s, {stats.target_calls} target calls, "
+          f"{stats.tokens_per_target_call or 0:.2f} tokens/call, acceptance "
+          f"{'n/a' if rate is None else f'{rate:.2f}'}"
+          f"{'' if stats.exact else f', LOSSY: lenience {stats.lenience:g}'}"
+          f"{f', {stats.forced} grammar-forced drafts' if constraint is not None else ''}]", file=sys.stderr,
+          flush=True)
 
 
 def _floats(text: str) -> list[float]:
@@ -233,6 +271,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .bench.runner import build_methods, methods_for, plot, run_bench, to_markdown
+    from .models.light_llama import hf_module
     from .bench.workloads import load_cases
     from .bench.workloads import CONSTRAINED, WORKLOADS
 
@@ -256,7 +295,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.batch:
         return _bench_batch(engine, args, [int(b) for b in _floats(args.batch)], workloads[0], temperatures[0],
                             drafters[0], gammas[0], max_new or default_max_new, reps)
-    hf_draft = engine.draft_model.module if engine.draft_model is not None and args.backend == "torch" else None
+    hf_draft = hf_module(engine.draft_model.module) if engine.draft_model is not None and args.backend == "torch" else None
     if args.draft_model:
         engine.draft = "model"
     methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft, args.backend,
@@ -359,12 +398,16 @@ def _dtype_test(args: argparse.Namespace) -> int:
     print("layout              bit-equal  max |diff|  T(1) ms  T(8) ms")
     for t in choice.trials:
         ms = lambda v: f"{v:7.1f}" if v is not None else "      –"  # noqa: E731
-        print(f"{t.layout:18s}  {'yes' if t.bit_equal else 'no':9s}  {t.max_diff:10.3g}  {ms(t.t1_ms)}  {ms(t.t8_ms)}")
+        verdict = {True: "yes", False: "no", None: "untested"}[t.bit_equal]  # untested: slower than a qualifier
+        diff = f"{t.max_diff:10.3g}" if t.bit_equal is not None else "         –"
+        print(f"{t.layout:18s}  {verdict:9s}  {diff}  {ms(t.t1_ms)}  {ms(t.t8_ms)}")
     print(f"dtype auto picks {choice.describe()}")
     return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from .bench.workloads import load_workload
     from .spec.sampling import SamplingParams
     from .stats import Stats
@@ -378,9 +421,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     engine = load_engine(args)
     if engine.draft == "none":
         raise ExactSpecError("tune needs a drafter: pass --draft")
-    cost = engine.cost_model()
+    with progress.timed("measure T(k)"):
+        cost = engine.cost_model()
     stats = Stats()
-    for i, prompt in enumerate(load_workload(args.workload)):
+    prompts = load_workload(args.workload)
+    for i, prompt in enumerate(tqdm(prompts, desc="tune", unit="prompt", file=sys.stderr, disable=not sys.stderr.isatty())):
         for _ in engine.stream_ids(engine.encode(prompt), params, args.max_new_tokens, max(cost.max_gamma // 2, 1), i, stats):
             pass
     alpha = stats.alpha or 0.0
@@ -463,7 +508,13 @@ def cmd_theory(args: argparse.Namespace) -> int:
 
 
 def _quiet_transformers() -> None:
-    """Keep stderr for our own messages: no library warnings, and progress bars only on a terminal."""
+    """Keep stderr for our own messages: no library warnings, and progress bars only on a terminal.
+    Through the environment while transformers is not imported (most commands never import it)."""
+    if "transformers" not in sys.modules:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        if not sys.stderr.isatty():
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        return
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -474,6 +525,7 @@ def _quiet_transformers() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_transformers()
+    progress.enable()
     try:
         return args.func(args)
     except (ExactSpecError, ValueError) as e:

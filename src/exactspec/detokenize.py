@@ -9,7 +9,9 @@ committed once it ends on a complete character; a trailing partial UTF-8 sequenc
 decodes to U+FFFD until the rest of its bytes arrive). `text` is always exactly
 `tokenizer.decode(ids, skip_special_tokens=True)`: tokenizers whose decoding rewrites text across token
 boundaries (`clean_up_tokenization_spaces`) are decoded whole, as before, because no window is exact for them.
-Stop strings are searched only in text not yet searched (minus the longest stop's length).
+Stop strings are searched only in text not yet searched (minus the longest stop's length), and the
+text held back because it might start one is found in O(len(stop)) per token (a KMP automaton run over
+the last len(stop) - 1 characters), not O(len(stop)²).
 `tokens_within(n)` says how many tokens have their whole text in the first n characters (which
 tokens a streamed piece of text carries: the server sends their logprobs with it).
 """
@@ -25,6 +27,7 @@ class IncrementalText:
     def __init__(self, tokenizer, stops: list[str] | None = None) -> None:
         self.tokenizer = tokenizer
         self.stops = [s for s in (stops or []) if s]
+        self._failure = [_failure(s) for s in self.stops]
         self.ids: list[int] = []
         self.whole = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
         self.committed = ""  # text of ids[:read]; ends on a complete character
@@ -94,5 +97,30 @@ class IncrementalText:
         if final:
             return len(text)
         end = len(text) - text.endswith("\ufffd")
-        hold = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n], 0, end)), default=0)
+        hold = max((_overlap(text, end, s, f) for s, f in zip(self.stops, self._failure)), default=0)
         return end - hold
+
+
+def _failure(stop: str) -> list[int]:
+    """KMP's failure function: f[i] = the length of the longest proper prefix of stop[:i + 1] that is
+    also its suffix."""
+    f, k = [0] * len(stop), 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = f[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        f[i] = k
+    return f
+
+
+def _overlap(text: str, end: int, stop: str, failure: list[int]) -> int:
+    """The length of the longest proper prefix of `stop` that `text[:end]` ends with, in
+    O(len(stop)): the automaton reads only the last len(stop) - 1 characters."""
+    k = 0
+    for c in text[max(0, end - len(stop) + 1):end]:
+        while k and (k == len(stop) or stop[k] != c):
+            k = failure[k - 1]
+        if stop[k] == c:
+            k += 1
+    return min(k, len(stop) - 1)

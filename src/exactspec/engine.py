@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .chat_prompt import encode_chat
 from .detokenize import IncrementalText
 from .device import cpu_name, describe, resolve_device, resolve_dtype
 from .drafters.auto import AutoDrafter, DraftBandit
@@ -98,7 +99,8 @@ class Engine:
 
     # --- prompt handling -------------------------------------------------------------------
     def encode(self, prompt: str | list[dict], chat_template: bool | None = None) -> list[int]:
-        """A user prompt (or a list of chat messages) -> prompt token ids."""
+        """A user prompt (or a list of chat messages) -> prompt token ids. Through the chat template,
+        message content is never parsed for special tokens (chat_prompt.py); a raw prompt is."""
         use_chat = self.chat_template if chat_template is None else chat_template
         if isinstance(prompt, list):
             if not getattr(self.tokenizer, "chat_template", None):
@@ -106,9 +108,8 @@ class Engine:
             use_chat, messages = True, prompt
         else:
             messages = [{"role": "user", "content": prompt}]
-        if use_chat:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+        if use_chat:  # message content is text: a special token's text in it is not that token
+            return encode_chat(self.tokenizer, messages)
         return self.tokenizer.encode(prompt)
 
     def make_drafter(self, draft: str | None = None) -> Drafter | None:
@@ -443,7 +444,9 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     wanted = resolve_dtype(dtype, where)  # CPU auto: float32 until (and unless) the self-test picks
 
     def load_module(model_path: str) -> torch.nn.Module:
-        return load_seq2seq_model(model_path, wanted) if seq2seq else load_hf_model(model_path, wanted, where)
+        if seq2seq:
+            return load_seq2seq_model(model_path, wanted)
+        return load_hf_model(model_path, wanted, where, light=fast)  # light: the lean forward only reads weights
 
     tokenizer = load_tokenizer(path)
     module = load_module(path)

@@ -26,6 +26,7 @@ from importlib import resources
 import torch
 
 from ..engine import Engine
+from ..models.light_llama import hf_module
 from ..spec.sampling import SamplingParams
 from ..stats import Stats, total
 
@@ -115,7 +116,7 @@ class _FirstToken:
 
 def hf_agent_method(engine: Engine) -> AgentMethod:
     """Hugging Face `generate` on the same weights: the whole history prefilled every step."""
-    module, eos = engine.target.module, sorted(engine.target.eos_token_ids)
+    module, eos = hf_module(engine.target.module), sorted(engine.target.eos_token_ids)
 
     def step(messages, params, max_new_tokens, seed) -> Step:
         t = time.perf_counter()

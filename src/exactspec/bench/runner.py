@@ -24,13 +24,14 @@ from dataclasses import dataclass
 import torch
 
 from ..engine import Engine
+from ..models.light_llama import hf_module
 from ..spec.sampling import SamplingParams
 from ..stats import Stats, total
 from .methods import Method, exactspec_method
 from .workloads import CONSTRAINED, load_cases, load_workload, schema_valid
 
 def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
-    module = engine.target.module
+    module = hf_module(engine.target.module)  # a converted GGUF's lean module -> transformers' over its weights
     eos = sorted(engine.target.eos_token_ids)
     # generate returns prompt + new tokens; an encoder-decoder's, the decoder's start + new tokens
     start = len(engine.target.decoder_prompt) if engine.is_encoder_decoder else None

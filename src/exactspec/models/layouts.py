@@ -6,11 +6,12 @@ CPU's matmul kernels (an AMD EPYC with AVX-512 BF16 and an Intel Xeon with AMX d
 layout is faster depends on it too (bf16 beat fp32 on the EPYC and lost on the Xeon). So each
 candidate is tried on the model itself:
 
-  1. qualify: logits of a 33-token stretch (auto γ's widest verification) scored in blocks of
-     33, 5, 8, 3 and 17 tokens, crossing the invariant attention's 512-key block boundary and its
-     8-row chunks, must equal scoring it one token at a time, bit for bit;
-  2. among the qualifiers, the fastest T(1) (a decode step at that ~520-token context) wins; candidates
-     within 5% of it are ranked by T(8) (an 8-token verification).
+  1. time: T(1) (a decode step at a ~510-token context) and T(8) (an 8-token verification there);
+  2. qualify, fastest first: logits of a 33-token stretch (auto γ's widest verification) scored in
+     blocks of 33, 5, 8, 3 and 17 tokens, crossing the invariant attention's 512-key block boundary and
+     its 8-row chunks, must equal scoring it one token at a time, bit for bit;
+  3. the fastest qualifier by T(1) wins; qualifiers within 5% of it are ranked by T(8). Layouts slower
+     than a qualifier by more than that are not qualified at all (they could not win).
 If none qualifies: float32, and greedy identity rests on tolerance (~5e-5 in the logits), said in words.
 The decision and its figures are cached per CPU model + flags + torch version + threads + model file
 (cachedir.py), so a warm start costs a file read; `exactspec tune --dtype-test` re-runs it.
@@ -58,7 +59,7 @@ FALLBACK = Layout(torch.float32, False)
 @dataclass
 class Trial:
     layout: str
-    bit_equal: bool
+    bit_equal: bool | None  # None: not tested (slower than a layout that passed)
     max_diff: float  # largest |block - one-at-a-time| logit difference seen before the test stopped
     t1_ms: float | None = None  # median decode step at the test's context
     t8_ms: float | None = None  # median 8-token block
@@ -82,10 +83,10 @@ def layout_named(name: str) -> Layout:
 
 
 def compare_blocks(lm: FastLlamaLM, ids: torch.Tensor, start: int, blocks: tuple[int, ...],
-                   stop_early: bool = True, timings: dict | None = None) -> float:
+                   stop_early: bool = True) -> float:
     """Max |logits| difference between scoring ids[start:] one token at a time and in blocks: the whole
     stretch as one block, then tiled by `blocks`. 0.0 means bit-equal. Stops at the first difference
-    when `stop_early`. `timings` collects step times: "t1" (the one-at-a-time steps), "t8" (8-token blocks)."""
+    when `stop_early`."""
     n = ids.shape[1] - start
     lm.reset()
     lm.prefill(ids[:, :start])
@@ -93,49 +94,84 @@ def compare_blocks(lm: FastLlamaLM, ids: torch.Tensor, start: int, blocks: tuple
     lm.truncate(start)
     single, worst = [], 0.0  # [V] logits per position, scored one at a time
     for i in range(n):
-        began = time.perf_counter()
         single.append(lm.forward(ids[:, start + i : start + i + 1])[0, 0])
-        if timings is not None:
-            timings.setdefault("t1", []).append(time.perf_counter() - began)
         worst = max(worst, float((single[-1] - whole[i]).abs().max()))
         if worst and stop_early:
             return worst
     single = torch.stack(single)  # [n, V]
     for offset, k in [(sum(blocks[:j]), k) for j, k in enumerate(blocks)]:
         lm.truncate(start + offset)
-        began = time.perf_counter()
         block = lm.forward(ids[:, start + offset : start + offset + k])[0]  # [k, V]
-        if timings is not None and k == 8:
-            timings.setdefault("t8", []).append(time.perf_counter() - began)
         worst = max(worst, float((block - single[offset : offset + k]).abs().max()))
         if worst and stop_early:
             break
     return worst
 
 
-def _time_blocks(lm: FastLlamaLM, ids: torch.Tensor, start: int, k: int, reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        lm.truncate(start)
-        began = time.perf_counter()
-        lm.forward(ids[:, start : start + k])
-        times.append(time.perf_counter() - began)
-    return times
+def tiles(n: int) -> tuple[int, ...]:
+    """BLOCKS cut to cover exactly n tokens."""
+    out, left = [], n
+    for k in BLOCKS:
+        if left > 0:
+            out.append(min(k, left))
+            left -= out[-1]
+    return tuple(out)
 
 
-def try_layout(module: torch.nn.Module, layout: Layout) -> Trial:
-    """Qualify `layout` on `module` (bit-equality of blocks vs one at a time) and time it."""
+def _stretch(lm: FastLlamaLM) -> tuple[torch.Tensor, int, int]:
+    """-> (ids [1, start + stretch], start, stretch): a short-context model is tested over its whole reach."""
+    stretch = min(STRETCH, lm.max_length // 2)
+    start = min(START, lm.max_length - stretch - 1)
+    ids = torch.randint(0, lm.vocab_size, (1, start + stretch), generator=torch.Generator().manual_seed(0))
+    return ids, start, stretch
+
+
+def time_layouts(module: torch.nn.Module, reps: int = 5) -> list[Trial]:
+    """T(1) and T(8) of every candidate at the test's context, interleaved (each round times every
+    candidate once, so a burst of load elsewhere hits them alike; medians after one warm-up round).
+    One model per dtype: the mode is a switch, and the prefill never runs in the mode, so both modes
+    share it. Not yet qualified: bit_equal is None."""
+    models = {}
+    for dtype in dict.fromkeys(c.dtype for c in CANDIDATES):
+        lm = FastLlamaLM(module, set(), dtype=dtype)
+        ids, start, stretch = _stretch(lm)
+        lm.prefill(ids[:, :start])
+        models[dtype] = (lm, ids, start, stretch)
+    times = {(c, k): [] for c in CANDIDATES for k in (1, 8)}
+    for _ in range(reps + 1):
+        for (layout, k), runs in times.items():
+            lm, ids, start, stretch = models[layout.dtype]
+            lm.batch_invariant = layout.batch_invariant
+            lm.truncate(start)
+            began = time.perf_counter()
+            lm.forward(ids[:, start : start + min(k, stretch)])
+            runs.append(time.perf_counter() - began)
+    ms = lambda runs: round(1000 * statistics.median(runs[1:]), 2)  # noqa: E731
+    return [Trial(c.name, None, 0.0, ms(times[c, 1]), ms(times[c, 8])) for c in CANDIDATES]
+
+
+def qualify(module: torch.nn.Module, trial: Trial) -> None:
+    """Set trial.bit_equal / max_diff: blocks vs one token at a time across the stretch (see module doc)."""
+    layout = layout_named(trial.layout)
     lm = FastLlamaLM(module, set(), batch_invariant=layout.batch_invariant, dtype=layout.dtype)
-    if lm.max_length < START + STRETCH:
-        return Trial(layout.name, False, float("nan"))
-    ids = torch.randint(0, lm.vocab_size, (1, START + STRETCH), generator=torch.Generator().manual_seed(0))
-    timings: dict[str, list[float]] = {}
-    diff = compare_blocks(lm, ids, START, BLOCKS, timings=timings)
-    if diff:
-        return Trial(layout.name, False, diff)
-    t8 = timings.get("t8", []) + _time_blocks(lm, ids, START, 8, 4)
-    ms = lambda xs: round(1000 * statistics.median(xs), 2)  # noqa: E731
-    return Trial(layout.name, True, 0.0, ms(timings["t1"][3:]), ms(t8))
+    ids, start, stretch = _stretch(lm)
+    trial.max_diff = compare_blocks(lm, ids, start, tiles(stretch))
+    trial.bit_equal = trial.max_diff == 0.0
+
+
+def self_test(module: torch.nn.Module) -> Choice:
+    """Time every layout, then qualify them fastest first until `pick`'s answer is settled: the first
+    that passes, and any other within SPEED_MARGIN of its T(1) (T(8) breaks that tie). Slower layouts
+    are left untested (bit_equal None): they could not win."""
+    trials = time_layouts(module)
+    best = None  # T(1) of the fastest layout that passed
+    for trial in sorted(trials, key=lambda t: t.t1_ms):
+        if best is not None and trial.t1_ms > best * (1 + SPEED_MARGIN):
+            break
+        qualify(module, trial)
+        if trial.bit_equal and best is None:
+            best = trial.t1_ms
+    return pick(trials)
 
 
 def pick(trials: list[Trial]) -> Choice:
@@ -173,7 +209,7 @@ def choose_layout(module: torch.nn.Module, model_path: str | None, refresh: bool
             pass  # an unreadable entry is re-measured
     progress.status("choosing the dtype: self-test of each layout on this CPU (once per machine and model)")
     with progress.timed("dtype self-test"):
-        choice = pick([try_layout(module, layout) for layout in CANDIDATES])
+        choice = self_test(module)
     tmp = path.with_suffix(f".tmp{time.time_ns()}")
     tmp.write_text(json.dumps(asdict(choice), indent=1))
     tmp.replace(path)

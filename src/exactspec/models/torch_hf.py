@@ -1,20 +1,25 @@
 """Transformers adapter: any local `AutoModelForCausalLM` checkpoint, or a GGUF file.
 
 GGUF weights are dequantised into ordinary float `nn.Linear` weights on load (a k-token forward then
-costs about what dense matmuls cost; packed-GGUF kernels made it 1.7-2.2x a 1-token step here).
+costs about what dense matmuls cost; packed-GGUF kernels made it 1.7-2.2x a 1-token step here), once:
+a GGUF loads from its cached conversion (checkpoint.py), as the transformers-free module of
+light_llama.py when only the lean forward will run it.
 The KV cache is a transformers `DynamicCache`; rollback is `crop` (which in transformers 5.x takes
 the negative number of tokens to drop).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from .. import progress
 from ..errors import ExactSpecError
 from .base import OneRow
+from .checkpoint import converted_dir, entry_info, split_path
+from .light_llama import load_light
+from .light_tokenizer import LightTokenizer
 
 
 @dataclass
@@ -23,40 +28,35 @@ class Loaded:
     tokenizer: object
 
 
-def _split_path(path: str) -> tuple[str, str | None]:
-    """-> (directory, gguf file name or None). Raises ExactSpecError for paths that cannot be a model."""
-    if not os.path.exists(path):
-        raise ExactSpecError(f"model path not found: {path}")
-    if os.path.isfile(path):
-        if not path.endswith(".gguf"):
-            raise ExactSpecError(f"not a model: {path} (expected a directory with config.json or a .gguf file)")
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
-        return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise ExactSpecError(f"not a model directory (no config.json): {path}")
-    return path, None
-
-
 def load_tokenizer(path: str):
-    """The tokenizer stored with a local checkpoint (directory or GGUF file)."""
-    from transformers import AutoTokenizer
-
-    directory, gguf = _split_path(path)
+    """The tokenizer stored with a local checkpoint (directory or GGUF file; a GGUF's from its cached
+    conversion, see checkpoint.py)."""
+    local = converted_dir(path)
+    directory, gguf = (str(local), None) if local is not None else split_path(path)
     try:
-        return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
+        with progress.timed("tokenizer"):
+            if local is not None and entry_info(local).get("light_tokenizer"):
+                return LightTokenizer(local)
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
     except Exception as e:  # transformers raises many types for bad files
         raise ExactSpecError(f"cannot load tokenizer from {path}: {type(e).__name__}: {str(e)[:200]}") from None
 
 
-def load_hf_model(path: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-    """The transformers module for a local checkpoint, in eval mode, on `device`."""
-    from transformers import AutoModelForCausalLM
-
-    directory, gguf = _split_path(path)
+def load_hf_model(path: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                  light: bool = False):
+    """The transformers module for a local checkpoint, in eval mode, on `device`. `light`: for the lean
+    forward only, a converted GGUF may come as the bare weights module of light_llama.py (no transformers)."""
+    local = converted_dir(path)
+    directory, gguf = (str(local), None) if local is not None else split_path(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
+        with progress.timed("load"):
+            if light and local is not None and entry_info(local).get("light_model"):
+                return load_light(local).to(device=device, dtype=dtype)
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
     except Exception as e:
         raise ExactSpecError(f"cannot load model from {path}: {type(e).__name__}: {str(e)[:200]}") from None
     return model.to(device).eval()

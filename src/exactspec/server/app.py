@@ -1,13 +1,16 @@
 """The OpenAI-compatible HTTP app: chat and text completions (streaming or not), models, health, metrics.
 
-The event loop only parses, tokenises, validates and relays; the model runs on the app's single
-worker thread (see worker.py), which decodes concurrent requests, and the n samples of a request, as
-rows of one batch (continuous batching: new requests join between iterations).
+The event loop only parses and relays. A request is prepared (validated against limits.py,
+its constraint compiled and checked, its messages rendered and tokenised) on a preparing thread with a
+large stack (offload.py), and the model runs on the app's single worker thread (see worker.py), which
+decodes concurrent requests, and the n samples of a request, as rows of one batch (continuous
+batching: new requests join between iterations).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -17,11 +20,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..spec.law import Penalties, grammar_from_spec
 from ..engine import Engine, GenerationResult
 from ..errors import ExactSpecError
+from ..spec.law import Matcher, Penalties, grammar_from_spec
 from ..spec.sampling import SamplingParams
+from .body_limit import BodyLimit
+from .history import for_template
+from .limits import MAX_BODY_BYTES, LimitError, check_constraint, check_stops, token_id
 from .metrics import Metrics
+from .offload import Preparer
 from .responses import Shapes, error_body, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .streaming import StreamedChoice
@@ -30,7 +37,7 @@ from .worker import Job, Worker
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the response was complete
-MAX_BODY_BYTES = 4 * 1024 * 1024  # larger request bodies are refused before they are read
+MAX_TOKENS_DEFAULT = 2048  # the token budget of a request without max_tokens (serve --max-tokens-default)
 
 
 class ApiError(Exception):
@@ -43,19 +50,22 @@ class ApiError(Exception):
 
 
 def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> FastAPI:
     """An app serving `engine` under `model_name`; it starts its worker thread on startup.
     `max_rows`: samples decoded together in one batch (1: one at a time); `max_body_bytes`: the
-    largest request body accepted (413 beyond it, before the body is read)."""
+    largest request body accepted (413 beyond it, while the body is read); `max_tokens_default`: the
+    budget of a request that gives no max_tokens (None: the rest of the context)."""
     metrics = Metrics()
     metrics.watch_prefix_cache(engine)
-    worker = Worker(engine, metrics, max_rows)
+    worker, preparer = Worker(engine, metrics, max_rows), Preparer()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        preparer.start()
         worker.start()
         yield
         worker.stop()
+        preparer.stop()
 
     app = FastAPI(title="exactspec", summary="exact speculative decoding, OpenAI-compatible", lifespan=lifespan)
     app.state.engine, app.state.worker, app.state.metrics = engine, worker, metrics
@@ -66,13 +76,13 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
             metrics.observe_request(request.url.path, error.status)
         return JSONResponse(error_body(error.message, error.param, error.code, error.type), status_code=error.status)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > max_body_bytes):
-            return refuse(request, ApiError(413, f"the request body is larger than {max_body_bytes} bytes",
-                                            code="request_too_large"))
-        return await call_next(request)
+    def too_large(path: str) -> tuple[int, bytes]:
+        if path in (CHAT, TEXT):
+            metrics.observe_request(path, 413)
+        body = error_body(f"the request body is larger than {max_body_bytes} bytes", code="request_too_large")
+        return 413, json.dumps(body).encode()
+
+    app.add_middleware(BodyLimit, limit=max_body_bytes, refuse=too_large)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -88,11 +98,14 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
 
     def plan(body: GenerationRequest, prompt: str | list[dict], chat_template: bool | None, budget: int | None,
              prompt_param: str, budget_param: str, tools: ToolPlan | None = None) -> list[Job]:
-        """Tokenise and check a request; one job per sample."""
+        """Check and tokenise a request (on the preparing thread); one job per sample."""
         sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                         lenience=body.lenience)
         try:
             SamplingParams(**sampling)
+            check_stops(body.stop_list())
+        except LimitError as e:
+            raise ApiError(400, str(e), e.param) from None
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         sampling.update(law_options(body, tools))
@@ -109,28 +122,28 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         if budget is not None and budget > context:
             raise ApiError(400, f"{budget_param} is {budget}; this model's context is {context} tokens", budget_param)
         room = context - (len(engine.target.decoder_prompt) if engine.is_encoder_decoder else len(ids))
-        options = dict(max_new_tokens=budget or room, stop=body.stop_list(), gamma=body.gamma,
-                       **sampling)
+        options = dict(max_new_tokens=budget or min(room, max_tokens_default or room), stop=body.stop_list(),
+                       gamma=body.gamma, **sampling)
         return [Job(GenerationResult("", [], ids, "length"),
                     {**options, "seed": None if body.seed is None else body.seed + i}) for i in range(body.n)]
 
     def law_options(body: GenerationRequest, tools: ToolPlan | None) -> dict:
-        """The request's grammar, bias, penalties and logprobs as `Engine.make_law` keywords, checked."""
-        constraint = body.response_format
+        """The request's grammar, bias, penalties and logprobs as `Engine.make_law` keywords, checked:
+        the constraint within limits.py's bounds, compiled, and able to match some text."""
+        constraint, param = body.response_format, "tools" if tools is not None else "response_format"
         if tools is not None:
             if constraint is not None and constraint.get("type") != "text":
                 raise ApiError(400, "give either response_format or tools, not both", "response_format")
             constraint = tools.constraint
         try:
-            grammar_from_spec(constraint)
+            check_constraint(constraint, param)
+            if (grammar := grammar_from_spec(constraint)) is not None:  # a language with no text fails here
+                Matcher(engine.grammar_tokenizer(), grammar, engine.target.vocab_size).mask()
+            bias = {token_id(key, engine.target.vocab_size): value for key, value in (body.logit_bias or {}).items()}
+        except LimitError as e:
+            raise ApiError(400, str(e), e.param) from None
         except ExactSpecError as e:
-            raise ApiError(400, str(e), "tools" if tools is not None else "response_format") from None
-        bias = {}
-        for key, value in (body.logit_bias or {}).items():
-            if not key.lstrip("-").isdigit() or not 0 <= int(key) < engine.target.vocab_size:
-                raise ApiError(400, f"logit_bias key {key!r} is not a token id of this model "
-                                    f"(0..{engine.target.vocab_size - 1})", "logit_bias")
-            bias[int(key)] = value
+            raise ApiError(400, str(e), param) from None
         try:
             Penalties(bias, body.presence_penalty, body.frequency_penalty, body.repetition_penalty)
         except ValueError as e:
@@ -139,9 +152,34 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
                     frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
                     logprobs=body.logprobs_k())
 
+    def plan_chat(body: ChatCompletionRequest) -> tuple[list[Job], ToolPlan | None]:
+        """A chat request's tools, messages (tool history included, see history.py) and jobs."""
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        try:
+            tools = plan_tools(body.tools, body.tool_choice)
+        except LimitError as e:
+            raise ApiError(400, str(e), e.param) from None
+        except ExactSpecError as e:
+            raise ApiError(400, str(e), "tool_choice" if body.tools else "tools") from None
+        messages = for_template(body.chat(), getattr(engine.tokenizer, "chat_template", None))
+        if tools is not None:  # show the model its tools in the system message
+            if messages[0]["role"] == "system":
+                messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + tools.system_prompt}
+            else:
+                messages.insert(0, {"role": "system", "content": tools.system_prompt})
+        return plan(body, messages, None, body.token_budget(), "messages", param, tools), tools
+
+    def reproducible(body: GenerationRequest) -> bool:
+        """Whether the same request with the same seed gives the same text: greedy always; sampled
+        only at a fixed γ with a fixed drafter (auto γ and the auto drafter learn across requests and
+        price by the batch, so they draft differently, and an exact sampler then draws another sample)."""
+        gamma = engine.gamma if body.gamma is None else body.gamma
+        return SamplingParams(temperature=body.temperature).greedy or (gamma != "auto" and engine.draft != "auto")
+
     async def complete(request: Request, body: GenerationRequest, endpoint: str, jobs: list[Job],
                        tools: ToolPlan | None = None) -> Response:
-        shapes, start = Shapes(endpoint == CHAT, model_name, token_text, tools, engine.token_bytes), time.perf_counter()
+        shapes = Shapes(endpoint == CHAT, model_name, token_text, tools, engine.token_bytes, reproducible(body))
+        start = time.perf_counter()
         prompt_tokens = len(jobs[0].result.prompt_token_ids)
         if body.stream:
             return StreamingResponse(stream(shapes, body, endpoint, jobs, start), media_type="text/event-stream")
@@ -191,24 +229,13 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
     @app.post(CHAT)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; `top_k`, `min_p` and `gamma` are extensions."""
-        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        try:
-            tools = plan_tools(body.tools, body.tool_choice)
-        except ExactSpecError as e:
-            raise ApiError(400, str(e), "tool_choice" if body.tools else "tools") from None
-        messages = body.chat()
-        if tools is not None:  # show the model its tools in the system message
-            if messages[0]["role"] == "system":
-                messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + tools.system_prompt}
-            else:
-                messages.insert(0, {"role": "system", "content": tools.system_prompt})
-        jobs = plan(body, messages, None, body.token_budget(), "messages", param, tools)
+        jobs, tools = await preparer.run(plan_chat, body)
         return await complete(request, body, CHAT, jobs, tools)
 
     @app.post(TEXT)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """OpenAI (legacy) text completions: the prompt is fed as raw text, no chat template."""
-        jobs = plan(body, body.text(), False, body.token_budget(), "prompt", "max_tokens")
+        jobs = await preparer.run(plan, body, body.text(), False, body.token_budget(), "prompt", "max_tokens")
         return await complete(request, body, TEXT, jobs)
 
     def token_text(token: int) -> str:
@@ -216,10 +243,10 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
 
     @app.get("/v1/models")
     async def models() -> dict:
-        """The one model this server runs."""
+        """The one model this server runs, and the budget of a request without max_tokens."""
         return {"object": "list",
                 "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "exactspec",
-                          "exactspec": engine.runtime()}]}
+                          "max_tokens_default": max_tokens_default, "exactspec": engine.runtime()}]}
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -28,6 +28,9 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                         "prefill only what a new request adds to the longest cached prefix (LRU; default "
                         "1024; 0 = off). Outputs are identical with and without it")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off (--prefix-cache-mb 0)")
+    p.add_argument("--max-tokens-default", type=int, default=2048, metavar="N",
+                   help="token budget of a request that gives no max_tokens (default 2048; 0 = the rest of the "
+                        "context); reported by /v1/models")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id reported by /v1/models and in responses (default: the target's file name)")
     from ..scale.cli import add_ray_serve_args
@@ -47,6 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ExactSpecError(f"--max-rows must be >= 1, got {args.max_rows}")
     if not 0 < args.port < 65536:
         raise ExactSpecError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_tokens_default < 0:
+        raise ExactSpecError(f"--max-tokens-default must be >= 0, got {args.max_tokens_default}")
     if args.prefix_cache_mb < 0:
         raise ExactSpecError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     try:
@@ -64,8 +69,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
     print(f"exactspec: serving on {engine.hardware}; greedy identity {engine.runtime()['greedy_identity']}",
           file=sys.stderr, flush=True)
-    uvicorn.run(create_app(engine, args.model_name or default_model_name(args.target), args.max_rows),
-                host=args.host, port=args.port, log_level="info")
+    app = create_app(engine, args.model_name or default_model_name(args.target), args.max_rows,
+                     max_tokens_default=args.max_tokens_default or None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
 

@@ -21,8 +21,8 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-def speculative(stats: Stats) -> dict:
-    """The `speculative` extension: how much drafting saved."""
+def speculative(stats: Stats, reproducible: bool = True) -> dict:
+    """The `speculative` extension: how much drafting saved, and whether a seed reproduces the text."""
     return {
         "proposed": stats.proposed,
         "accepted": stats.accepted,
@@ -33,6 +33,7 @@ def speculative(stats: Stats) -> dict:
         "lenience": stats.lenience,  # 1 = exact; < 1 = lossy (the output law is not the target's)
         "exact": stats.exact,
         "forced": stats.forced,
+        "reproducible": reproducible,  # the same request with the same seed gives the same text
     }
 
 
@@ -53,8 +54,9 @@ def merged_stats(results: list[GenerationResult]) -> Stats:
 class Shapes:
     """Builds the bodies of one response (one id and timestamp), chat or text flavoured."""
 
-    def __init__(self, chat: bool, model: str, token_text=None, tools=None, token_bytes=None) -> None:
-        self.chat, self.model = chat, model
+    def __init__(self, chat: bool, model: str, token_text=None, tools=None, token_bytes=None,
+                 reproducible: bool = True) -> None:
+        self.chat, self.model, self.reproducible = chat, model, reproducible
         self.token_text, self.token_bytes = token_text, token_bytes  # token id -> its text, its bytes (logprobs)
         self.tools = tools  # server.tools.ToolPlan: the output is read as tool calls
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -78,7 +80,8 @@ class Shapes:
                 choice["text"] = r.text
             choices.append(choice)
         return self._envelope("chat.completion" if self.chat else "text_completion", choices,
-                              usage=usage(prompt_tokens, results), speculative=speculative(merged_stats(results)))
+                              usage=usage(prompt_tokens, results),
+                              speculative=speculative(merged_stats(results), self.reproducible))
 
     def read(self, r: GenerationResult) -> tuple[str | None, list[dict] | None]:
         """(content, tool_calls) of a chat result."""
@@ -127,4 +130,4 @@ class Shapes:
         """The last chunk when `stream_options.include_usage` is set: no choices, usage and stats."""
         object_ = "chat.completion.chunk" if self.chat else "text_completion"
         return self._envelope(object_, [], usage=usage(prompt_tokens, results),
-                              speculative=speculative(merged_stats(results)))
+                              speculative=speculative(merged_stats(results), self.reproducible))

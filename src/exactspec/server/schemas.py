@@ -1,15 +1,20 @@
 """Request bodies of the OpenAI-compatible endpoints.
 
-Types are strict (a string where a number belongs is an error, not coerced), while unknown fields
-(`user`, `parallel_tool_calls`, ...) are accepted and ignored, as OpenAI clients send them.
-Limits that depend on the loaded model (the context size) are checked by the app, not here.
+Types are strict (a string where a number belongs is an error, not coerced) and every number is
+finite. Fields we cannot honour are refused (400), not ignored: `top_logprobs` without `logprobs`,
+completions' `echo` / `suffix` / a `best_of` other than n, non-text content parts. Unknown fields
+(`user`, `parallel_tool_calls`, ...) are accepted and ignored, as OpenAI clients send them (the README
+lists them). Limits that depend on the loaded model (the context size) or bound a request's cost are
+checked by the app (limits.py), not here.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .limits import MAX_MESSAGES
 
 MAX_N = 8  # samples per request; they decode as rows of the running batch
 
@@ -23,16 +28,45 @@ class StreamOptions(_Strict):
 
 
 class TextPart(_Strict):
-    type: str = "text"
+    type: Literal["text"] = "text"  # image_url, input_audio, ...: this server reads text only
     text: str
 
 
 ROLES = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: ROLES
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content):
+        for part in content if isinstance(content, list) else []:
+            kind = part.get("type", "text") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ValueError(f"content parts of type {kind!r} are not supported: this server reads text only")
+        return content
+
+    @model_validator(mode="after")
+    def _has_content(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("a message needs content (only an assistant message with tool_calls may omit it)")
+        return self
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
@@ -75,12 +109,18 @@ class GenerationRequest(_Strict):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, gt=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict | None = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     def logprobs_k(self) -> int | None:
         """Alternatives per token to report (None: no logprobs)."""
@@ -91,13 +131,23 @@ class ChatCompletionRequest(GenerationRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def chat(self) -> list[dict]:
-        """The messages as the chat template wants them."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        """The messages as dicts (tool calls, tool_call_id and name kept; see history.py)."""
+        return [m.model_dump(exclude_none=True, include={"role", "name", "tool_calls", "tool_call_id"})
+                | {"content": m.text()} for m in self.messages]
 
 
 class CompletionRequest(GenerationRequest):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
     logprobs: int | None = Field(None, ge=0, le=5)
+    echo: Literal[False] = False  # echoing the prompt back is not supported
+    suffix: Literal[""] | None = None  # insertion (text after the completion) is not supported
+    best_of: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> "CompletionRequest":
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of must equal n ({self.n}): ranking extra samples is not supported")
+        return self
 
     def logprobs_k(self) -> int | None:
         return self.logprobs

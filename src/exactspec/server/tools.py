@@ -18,8 +18,9 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..spec.law import JSON_OPTIONS
+from ..spec.law import JSON_OPTIONS, grammar_from_spec
 from ..errors import ExactSpecError
+from .limits import MAX_TOOLS, check_schema
 
 TAG = "<tool_call>"
 
@@ -159,20 +160,13 @@ class _ValueEnd:
 
 
 def plan_tools(tools: list | None, tool_choice) -> ToolPlan | None:
-    """Check `tools` / `tool_choice` (ExactSpecError on a bad one) -> the plan, or None (no tools used)."""
+    """Check `tools` / `tool_choice` (ExactSpecError on a bad one) -> the plan, or None (no tools used).
+    Every tool's parameters are checked (limits.py) and compiled, even under tool_choice "none"."""
     if not tools:
         if tool_choice not in (None, "none", "auto"):
             raise ExactSpecError("tool_choice needs tools")
         return None
-    functions = {}
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ExactSpecError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", ...}}}}")
-        params = fn.get("parameters", {"type": "object"})
-        if not isinstance(params, dict):
-            raise ExactSpecError(f"tools[{i}].function.parameters must be a JSON schema object")
-        functions[fn["name"]] = (params, fn.get("description", ""))
+    functions = _functions(tools)
     choice = "auto" if tool_choice is None else tool_choice
     if choice == "none":
         return None
@@ -187,8 +181,9 @@ def plan_tools(tools: list | None, tool_choice) -> ToolPlan | None:
         return ToolPlan("named", [name], {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}, prompt)
     if choice not in ("auto", "required"):
         raise ExactSpecError(f"tool_choice must be none, auto, required or a named function, got {choice!r}")
-    calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": n}, "arguments": functions[n][0]},
-                        "required": ["name", "arguments"], "additionalProperties": False} for n in names],
+    calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": n},
+                                                         "arguments": rebase(functions[n][0], f"#/anyOf/{i}/properties/arguments")},
+                        "required": ["name", "arguments"], "additionalProperties": False} for i, n in enumerate(names)],
              "x-guidance": JSON_OPTIONS}
     if choice == "required":
         prompt = f'Call one of these functions. Reply with {{"name": ..., "arguments": {{...}}}} only.\n{listing}'
@@ -198,3 +193,41 @@ def plan_tools(tools: list | None, tool_choice) -> ToolPlan | None:
     prompt = (f'You may call one of these functions by replying {TAG}{{"name": ..., "arguments": {{...}}}}, '
               f"or answer in text.\n{listing}")
     return ToolPlan("auto", names, {"type": "grammar", "grammar": lark}, prompt)
+
+
+def _functions(tools: list) -> dict[str, tuple[dict, str]]:
+    """name -> (parameters schema, description) of each tool, checked: unique names, schemas within
+    the limits that compile."""
+    if len(tools) > MAX_TOOLS:
+        raise ExactSpecError(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}")
+    functions = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ExactSpecError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", ...}}}}")
+        if fn["name"] in functions:
+            raise ExactSpecError(f"tools[{i}]: the name {fn['name']!r} is used by two tools")
+        params = fn.get("parameters", {"type": "object"})
+        if not isinstance(params, dict):
+            raise ExactSpecError(f"tools[{i}].function.parameters must be a JSON schema object")
+        check_schema(params, f"tools[{i}].function.parameters")
+        try:
+            grammar_from_spec({"type": "json_schema", "json_schema": {"name": fn["name"], "schema": params}})
+        except ExactSpecError as e:
+            raise ExactSpecError(f"tools[{i}].function.parameters: {e}") from None
+        functions[fn["name"]] = (params, fn.get("description", ""))
+    return functions
+
+
+def rebase(schema, base: str):
+    """`schema` with its local references ("#", "#/$defs/X") rewritten to point below `base` (a JSON
+    pointer to where the schema is embedded), so `$defs` keep working inside a larger schema."""
+    if isinstance(schema, list):
+        return [rebase(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: rebase(value, base) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = base + ref[1:]
+    return out

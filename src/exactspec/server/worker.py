@@ -12,9 +12,9 @@ join together, sharing one prefill. Each row keeps its own sampling parameters, 
 seed, so its output is exactly what it would be alone. A row leaves when it is done, hits a stop
 string, or its consumer stops listening (client gone, request cancelled: the job's cancel flag).
 
-Failures stay local: an exception while setting up a job, or in its detokenisation, goes to that
-job only; an exception in a batched iteration fails the rows of that batch, and the worker goes on
-with the queue. Targets without a batched cache, and draft models, run one job at a time instead.
+Failures stay local: an exception while setting up a job, in its own row's work (its law, its
+grammar, see decode_batch.py) or in its detokenisation, goes to that job only; an exception in the
+batched forward itself fails the rows of that batch, and the worker goes on with the queue. Targets without a batched cache, and draft models, run one job at a time instead.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ..spec.loop import BatchDecoder, Row
 from ..engine import Engine, GenerationResult, seeded, split_sampling
 from ..errors import ExactSpecError
 from .metrics import Metrics
+from .offload import start_with_large_stack
 
 Emit = Callable[[tuple[str, object]], None]
 NOT_SAMPLING = ("max_new_tokens", "stop", "seed", "gamma", "draft", "chat_template")
@@ -117,7 +118,8 @@ class Worker:
             return self._queued
 
     def start(self) -> None:
-        self._thread.start()
+        """Start the thread, with a large stack: grammars are compiled and walked on it (offload.py)."""
+        start_with_large_stack(self._thread)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the running and queued jobs, then end the thread."""
@@ -281,6 +283,9 @@ class Worker:
     def _deliver(self, row: Row, tokens: list[int]) -> None:
         """Send a row's new text; end its job when it is done, stopped, cancelled or failing."""
         slot = row.key
+        if row.error is not None:  # this row failed alone (its law, its grammar): the others go on
+            self._close(slot, ("error", row.error))
+            return
         if self._cancelled(slot.job):
             row.cancelled = True
             self._end(slot, cancelled=True)

@@ -9,7 +9,7 @@ import torch
 
 from .law import TargetLaw
 from .rows import Draft, Row
-from .sampling import SamplingParams, warp
+from .sampling import LawError, SamplingParams, bad_laws, warp
 from .verify import accept_greedy, accept_greedy_lenient, verify
 from .verify_torch import verify_rows
 
@@ -30,34 +30,51 @@ class Scored:
         return x.numpy().argmax(-1).tolist() if x.device.type == "cpu" else x.argmax(-1).tolist()
 
     @cached_property
-    def laws(self) -> tuple[dict[int, int], torch.Tensor]:
+    def laws(self) -> tuple[dict[int, int], torch.Tensor | None]:
         """(row -> its index i, laws [R, K+1, V]) for the rows whose rule verifies against target laws:
-        each row's law transform (grammar, penalties) where it has one, else the warp of its params."""
-        rest = [j for j, row in enumerate(self.rows) if row.rule.needs_laws]
+        each row's law transform (grammar, penalties) where it has one, else the warp of its params.
+        Per-row isolation: a row that has failed already is left out; a row whose law transform raises,
+        or whose laws are not distributions at its positions (NaN, no mass: `bad_laws`, one host sync
+        for all rows), gets `error` set and its laws are not read; the other rows' laws are untouched."""
+        rest = [j for j, row in enumerate(self.rows) if row.rule.needs_laws and row.error is None]
+        if not rest:
+            return {}, None
         logits = self.logits if len(rest) == len(self.rows) else self.logits[rest]  # [R, K+1, V]
         shaped = [i for i, j in enumerate(rest) if self.rows[j].law is not None and not self.rows[j].law.trivial]
         if len(rest) == 1 and shaped:  # one row with a law (a lone generation): its laws as they come
             row, ids = self.rows[rest[0]], self.drafts[rest[0]].ids
-            return {rest[0]: 0}, row.law.probs(logits[0, : len(ids) + 1], ids)[None]  # [1, k+1, V]
-        if len(shaped) < len(rest):
-            probs = _warp_rows(logits, [self.rows[j].params for j in rest])
+            probs = row.law.probs(logits[0, : len(ids) + 1], ids)[None]  # [1, k+1, V]; raises: this row's error
         else:
-            probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-        for i in shaped:
-            row, ids = self.rows[rest[i]], self.drafts[rest[i]].ids
-            probs[i, : len(ids) + 1] = row.law.probs(logits[i, : len(ids) + 1], ids)
+            if len(shaped) < len(rest):
+                probs = _warp_rows(logits, [self.rows[j].params for j in rest])
+            else:
+                probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+            for i in shaped:
+                row, ids = self.rows[rest[i]], self.drafts[rest[i]].ids
+                try:
+                    probs[i, : len(ids) + 1] = row.law.probs(logits[i, : len(ids) + 1], ids)
+                except Exception as e:  # a grammar dead end, a broken law: this row alone fails
+                    row.error = e
+        widths = torch.tensor([len(self.drafts[j].ids) + 1 for j in rest], device=probs.device)
+        for i in bad_laws(probs, widths).tolist():
+            row = self.rows[rest[i]]
+            row.error = row.error or LawError()
         return {j: i for i, j in enumerate(rest)}, probs
 
     def law(self, j: int) -> torch.Tensor:
-        """Row j's target laws [k+1, V]."""
+        """Row j's target laws [k+1, V]; raises the row's error if its laws failed (not distributions)."""
         index, probs = self.laws
+        if self.rows[j].error is not None:
+            raise self.rows[j].error
         return probs[index[j], : len(self.drafts[j].ids) + 1]
 
     @cached_property
     def on_device(self) -> dict[int, list[int]]:
         """Every device-verified row's emitted tokens, from ONE batched tensor verification."""
         index, probs = self.laws
-        members = [j for j in index if self.rows[j].rule is ON_DEVICE]
+        members = [j for j in index if self.rows[j].rule is ON_DEVICE and self.rows[j].error is None]
+        if not members:
+            return {}
         laws = probs if len(members) == len(index) else probs[[index[j] for j in members]]  # [D, K+1, V]
         found = verify_on_device([self.rows[j] for j in members], [self.drafts[j] for j in members], laws)
         return dict(zip(members, found))

@@ -94,7 +94,9 @@ def grammar_from_spec(spec) -> str | None:
             raise ExactSpecError("json_schema must be an object with 'name' and 'schema'")
         if "json_schema" in spec and not isinstance(inner.get("name"), str):
             raise ExactSpecError("json_schema.name is required")
-        schema = inner.get("schema", {})
+        if "schema" not in inner:
+            raise ExactSpecError("json_schema.schema is required (for any JSON, use {\"type\": \"json_object\"})")
+        schema = inner["schema"]
         if not isinstance(schema, dict):
             raise ExactSpecError("json_schema.schema must be a JSON object")
         return json_schema_grammar(schema, strict=bool(inner.get("strict", False)))
@@ -135,11 +137,23 @@ def _one_line(message: str) -> str:
 
 
 def llg_tokenizer(tokenizer, vocab_size: int, eos_token_ids: set[int]):
-    """An llguidance tokenizer over a Hugging Face fast tokenizer (~0.5 s: build once per engine)."""
-    import llguidance.hf
+    """An llguidance tokenizer over a Hugging Face fast tokenizer, or over the `tokenizer.json` a
+    LightTokenizer holds (what llguidance's own helper serializes) (~0.5 s: build once per engine)."""
+    import copy
+
+    import llguidance
+
+    from ..models.light_tokenizer import LightTokenizer
 
     eos = sorted(eos_token_ids) or None
-    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+    if not isinstance(tokenizer, LightTokenizer):
+        import llguidance.hf
+
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+    backend = copy.copy(tokenizer.backend_tokenizer)
+    backend.no_padding()
+    backend.no_truncation()
+    return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
 
 
 class Matcher:
@@ -155,6 +169,8 @@ class Matcher:
     def mask(self) -> torch.Tensor:
         """[V] bool: tokens allowed next."""
         bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        if self.m.is_error():  # e.g. a language with no string at all ({"$ref": "#"}, [^\s\S])
+            raise ExactSpecError(f"the constraint matches no text here: {_one_line(self.m.get_error()).split(';')[0]}")
         out = np.zeros(self.vocab_size, dtype=bool)
         n = min(len(bits), self.vocab_size)
         out[:n] = bits[:n]
@@ -223,6 +239,9 @@ class Matcher:
 # --- the law ------------------------------------------------------------------------------------
 
 
+MIN_REPETITION_PENALTY = 0.01  # and at most its inverse: logits scaled by more overflow towards inf / NaN
+
+
 @dataclass(frozen=True)
 class Penalties:
     """OpenAI / Hugging Face penalty keywords (defaults: off)."""
@@ -236,8 +255,9 @@ class Penalties:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 1 / MIN_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {1 / MIN_REPETITION_PENALTY:g}] "
+                             f"(further from 1 the logits overflow), got {self.repetition_penalty}")
         for token, bias in self.logit_bias.items():
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")

@@ -20,6 +20,11 @@ rows share its batch — except under auto γ, which prices an iteration by the 
 drafts less as the batch fills: a greedy row is still identical, a sampled row draws an equally exact
 but different sample than it would alone. γ = 0 (or an empty proposal) is a plain autoregressive step
 through the very same path: our own baseline.
+
+Failures stay in their row: an exception in a row's own work (drafting, its law -- a grammar dead end,
+a law that is not a distribution (NaN, no mass) --, acceptance, commit) sets `row.error`; the row emits
+nothing more and leaves when the iteration ends, the other rows of the iteration go on untouched.
+`decode` and `decode_batch` raise that error; the server's worker answers that request alone with it.
 """
 
 from __future__ import annotations
@@ -136,7 +141,8 @@ class BatchDecoder:
         drafts = propose(rows, self.target.max_length - max(len(r.context) for r in rows))
         t = time.perf_counter()
         scored = self._score(rows, drafts)
-        emitted = [row.rule.accept(scored, j) for j, row in enumerate(rows)]
+        emitted = [_accept(row, scored, j) for j, row in enumerate(rows)]
+        emitted = [[] if row.error is not None else tokens for row, tokens in zip(rows, emitted)]
         seconds = time.perf_counter() - t
         self._commit(rows, drafts, emitted, seconds)
         for row, tokens in zip(rows, emitted):
@@ -159,7 +165,13 @@ class BatchDecoder:
             policy.observe_step(max(len(d.ids) for d in drafts) + 1, seconds, len(rows))
         self._keep = [len(row.context) + len(tokens) - 1 for row, tokens in zip(rows, emitted)]  # [A]
         for j, (row, d) in enumerate(zip(rows, drafts)):
-            emitted[j] = self._commit_row(row, d, emitted[j], seconds)
+            if row.error is None:
+                try:
+                    emitted[j] = self._commit_row(row, d, emitted[j], seconds)
+                except Exception as e:  # this row alone fails
+                    row.error = e
+            if row.error is not None:  # it leaves with no tokens from this iteration; its cache holds context[:-1]
+                emitted[j], row.done, self._keep[j] = [], True, len(row.context) - 1
         self.stats.target_calls += 1
         self.target.truncate_rows(self._keep)
 
@@ -201,6 +213,17 @@ class BatchDecoder:
         order = _compact(still)
         self.target.select_rows(torch.tensor(order, dtype=torch.long))
         self.rows = [rows[j] for j in order]
+
+
+def _accept(row: Row, scored: Scored, j: int) -> list[int]:
+    """Row j's emitted tokens by its rule; [] with `row.error` set if it failed (here or before)."""
+    if row.error is not None:
+        return []
+    try:
+        return row.rule.accept(scored, j)
+    except Exception as e:  # its law, its grammar, its verification: this row alone fails
+        row.error = row.error or e  # the first failure is the cause
+        return []
 
 
 def _prefill(target, prompts: list[list[int]]) -> None:
@@ -255,6 +278,8 @@ def decode_batch(
     t_start = time.perf_counter()
     while decoder.rows:
         for row, tokens in decoder.step():
+            if row.error is not None:
+                raise row.error
             yield row.key, tokens
             row.cancelled = row.key in cancelled
     batch_stats.decode_s += time.perf_counter() - t_start
@@ -289,6 +314,8 @@ def decode(
         while decoder.rows and max_new_tokens > 0:
             for _, tokens in decoder.step():
                 yield from tokens
+            if row.error is not None:  # its law is not a distribution, a grammar dead end, ...: it has left
+                raise row.error
     except GeneratorExit:  # the caller stopped early (stop string, client gone): the cache is consistent
         remember(target, row.context, len(prompt_ids))
         raise

@@ -45,7 +45,8 @@ def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params
 def propose(rows: list[Row], room: int) -> list[Draft]:
     """Every row's drafts, at most `room` past the longest context: grammar-forced tokens first (outside
     γ), then the drafter's `budget` (auto asked once per policy); rows of copying drafters under auto
-    are then cut to one width of the drafter's part per policy, priced by T(B, width + 1)."""
+    are then cut to one width of the drafter's part per policy, priced by T(B, width + 1). A row whose
+    drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
     proposals, wants = [], {}
     for row in rows:
         cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
@@ -57,7 +58,10 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
         key = (id(row.gamma), copying(row.drafter, row.gamma))  # auto is asked once per policy
         if key not in wants:
             wants[key] = budget(row.drafter, row.gamma, len(rows))
-        proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
+        try:
+            proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
+        except Exception as e:  # a drafter's or a grammar's failure: this row alone fails (no drafts)
+            row.error, proposal, forced = e, None, 0
         proposals.append((proposal, forced, time.perf_counter() - t))
     widths = _copy_widths(rows, proposals)
     drafts = []

@@ -28,6 +28,8 @@ class Row:
     stats: Stats = field(default_factory=Stats)
     law: TargetLaw | None = None  # grammar / penalties / logprobs of this row (law.py)
     cancelled: bool = False  # set by the caller: the row leaves when the current iteration ends
+    error: Exception | None = None  # this row failed alone (its drafting, law, acceptance): it leaves, tokens-less,
+    # when the iteration ends; the batch's other rows go on untouched
     done: bool = False  # EOS, max_new_tokens or the context limit: it leaves when the iteration ends
     context: list[int] = field(init=False)
     produced: int = 0

@@ -14,10 +14,15 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
+from ..errors import ExactSpecError
+
+MIN_TEMPERATURE = 1e-5  # below it (and 0) sampling is greedy: logits / T would overflow to inf and NaN
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to turn logits into a distribution. Defaults sample from the raw model (T=1)."""
+    """How to turn logits into a distribution. Defaults sample from the raw model (T=1); a temperature
+    below MIN_TEMPERATURE is greedy (the limit of the tempered law, without its overflow)."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0 disables
@@ -41,7 +46,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
 
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -65,6 +70,24 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs = probs.masked_fill(probs < floor, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+class LawError(ExactSpecError):
+    """A row's law is not a probability distribution: that row fails, its neighbours go on."""
+
+    def __init__(self) -> None:
+        super().__init__("the sampling law is not a probability distribution (NaN or no mass): check temperature, "
+                         "penalties and logit_bias")
+
+
+def bad_laws(probs: torch.Tensor, widths: torch.Tensor | None = None) -> torch.Tensor:
+    """probs [A, K+1, V] (or [K+1, V]) -> the indices of the rows (along A) whose laws, at their first
+    `widths[a]` positions (all by default), are not distributions: a NaN or no mass. One host sync."""
+    probs = probs if probs.dim() == 3 else probs[None]
+    sums = probs.sum(-1)  # [A, K+1]
+    used = torch.ones_like(sums, dtype=torch.bool) if widths is None else \
+        torch.arange(sums.shape[1], device=sums.device)[None] < widths[:, None]
+    return torch.nonzero((~(sums > 0) & used).any(-1)).flatten()
 
 
 def as_numpy(x: ArrayLike) -> np.ndarray:
