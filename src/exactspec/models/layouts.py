@@ -126,7 +126,7 @@ def _stretch(lm: FastLlamaLM) -> tuple[torch.Tensor, int, int]:
     return ids, start, stretch
 
 
-def time_layouts(module: torch.nn.Module, reps: int = 5) -> list[Trial]:
+def time_layouts(module: torch.nn.Module, reps: int = 3) -> list[Trial]:
     """T(1) and T(8) of every candidate at the test's context, interleaved (each round times every
     candidate once, so a burst of load elsewhere hits them alike; medians after one warm-up round).
     One model per dtype: the mode is a switch, and the prefill never runs in the mode, so both modes
