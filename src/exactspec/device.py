@@ -41,16 +41,21 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     raise ExactSpecError(f"unknown device {spec!r}: choose auto, cpu, cuda or cuda:N")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    return set((_cpuinfo("flags") or "").split())
 
 
 def resolve_dtype(spec: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -81,14 +86,7 @@ def describe(device: torch.device, dtype: torch.dtype, layout=None) -> str:
 
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    return _cpuinfo("model name") or "unknown CPU"
 
 
 def device_of(model) -> torch.device:

@@ -454,7 +454,8 @@ def _load(target, draft, gamma, chat_template, dtype, threads, fast, backend, de
     if not seq2seq and fast and fast_llama.supports(module):
         if choose:
             layout = choose_layout(module, path)
-            wanted, invariant = layout_named(layout.layout).dtype, layout_named(layout.layout).batch_invariant
+            chosen = layout_named(layout.layout)
+            wanted, invariant = chosen.dtype, chosen.batch_invariant
         else:
             invariant = None  # the dtype's default mode (fast_llama.FastLlamaLM)
         target_lm = fast_llama.FastLlamaLM(module.to(wanted), _eos_ids(tokenizer), batch_invariant=invariant)
