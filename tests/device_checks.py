@@ -11,7 +11,8 @@ import torch
 from exactspec.spec.loop import decode
 from exactspec.spec.loop import decode_batch
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
+from exactspec.drafters.ngram import NGramDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.models.torch_hf import HFCausalLM
 from exactspec.spec.sampling import SamplingParams, warp

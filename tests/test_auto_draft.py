@@ -7,7 +7,8 @@ import pytest
 from exactspec.spec.loop import decode
 from exactspec.drafters.auto import AutoDrafter, DraftBandit
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
+from exactspec.drafters.ngram import NGramDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.spec.sampling import SamplingParams

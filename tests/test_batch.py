@@ -8,7 +8,8 @@ import torch
 from exactspec.spec.costmodel import AutoGamma, CostModel, measure_target
 from exactspec.spec.loop import decode
 from exactspec.spec.loop import BatchDecoder, Row, decode_batch
-from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
+from exactspec.drafters.ngram import NGramDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.errors import ExactSpecError
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.spec.sampling import SamplingParams

@@ -14,7 +14,7 @@ from exactspec.spec.law import Matcher, Penalties, TargetLaw, grammar_from_spec
 from exactspec.spec.loop import decode
 from exactspec.spec.loop import decode_batch
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import PromptLookupDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.errors import ExactSpecError
 from exactspec.spec.sampling import SamplingParams, warp
 

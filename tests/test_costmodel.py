@@ -86,7 +86,7 @@ def test_auto_in_the_loop_is_exact_at_greedy(tiny_target):
     import torch
 
     from exactspec.spec.loop import decode
-    from exactspec.drafters.ngram import PromptLookupDrafter
+    from exactspec.drafters.suffix import PromptLookupDrafter
     from exactspec.spec.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0)

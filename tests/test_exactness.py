@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 
 from exactspec.spec.loop import decode
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
+from exactspec.drafters.ngram import NGramDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.spec.sampling import SamplingParams, warp
 from exactspec.spec.verify import verify
 

@@ -14,7 +14,8 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not instal
 from exactspec.bench.llamacpp import llamacpp_generate, llamacpp_methods, prompt_lookup_llama  # noqa: E402
 from exactspec.bench.workloads import load_workload  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
-from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter  # noqa: E402
+from exactspec.drafters.ngram import NGramDrafter  # noqa: E402
+from exactspec.drafters.suffix import PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
 from exactspec.engine import llamacpp_engine  # noqa: E402

@@ -13,7 +13,7 @@ import torch
 from exactspec.bench.workloads import load_workload
 from exactspec.spec.costmodel import AutoGamma, CostModel, bucket
 from exactspec.spec.loop import decode
-from exactspec.drafters.ngram import PromptLookupDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
 from exactspec.spec.sampling import SamplingParams
 from exactspec.stats import Stats

@@ -7,7 +7,8 @@ import torch
 
 from exactspec.spec.loop import decode
 from exactspec.spec.interfaces import Proposal
-from exactspec.drafters.ngram import NGramDrafter, PromptLookupDrafter
+from exactspec.drafters.ngram import NGramDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.errors import ExactSpecError
 from exactspec.spec.sampling import SamplingParams
 from exactspec.stats import Stats

@@ -8,7 +8,7 @@ import torch
 
 from exactspec.spec.loop import decode
 from exactspec.spec.loop import decode_batch
-from exactspec.drafters.ngram import PromptLookupDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.models.prefix_cache import PrefixCache, common_prefix
 from exactspec.spec.sampling import SamplingParams

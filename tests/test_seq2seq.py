@@ -15,7 +15,7 @@ import torch
 
 from exactspec.spec.loop import decode
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import PromptLookupDrafter
+from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.drafters.source import WithSource
 from exactspec.errors import ExactSpecError
 from exactspec.models.seq2seq import Seq2SeqLM

@@ -20,7 +20,8 @@ from .detokenize import IncrementalText
 from .device import cpu_name, describe, resolve_device, resolve_dtype
 from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
-from .drafters.ngram import NGramDrafter, PromptLookupDrafter
+from .drafters.ngram import NGramDrafter
+from .drafters.suffix import PromptLookupDrafter
 from .drafters.source import read_source
 from .embedded import embedded_model_path
 from .errors import ExactSpecError

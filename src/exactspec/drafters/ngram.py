@@ -1,4 +1,4 @@
-"""Model-free drafters: prompt lookup (point masses) and unigram / bigram (paper Table 3)."""
+"""Model-free drafters: unigram / bigram (paper Table 3). Prompt lookup copies: see suffix.py."""
 
 from __future__ import annotations
 
@@ -8,59 +8,6 @@ import torch
 
 from ..spec.sampling import SamplingParams, sample, warp
 from ..spec.interfaces import Proposal
-
-
-MAX_MATCH = 64  # longest match length worth measuring: beyond it the copy is as good as certain
-
-
-class PromptLookupDrafter:
-    """Copies what followed an earlier occurrence of the context's tail. Among the earlier occurrences of
-    the trailing n-gram (n = max_ngram..1) it takes the one whose agreement with the context extends
-    furthest back (ties: the latest) and reports that MATCH LENGTH with the proposal: inside a long copy
-    (an edit's untouched lines) it is long and the copy runs on; right after an edit point it is short.
-    The proposal is the up to k tokens that followed the match, so a policy that trusts long matches
-    can take 16-32 tokens at once (`copies`: any prefix of the proposal may be used).
-    Deterministic, so proposals are point masses (probs=None); exact at any temperature because the
-    verifier treats q as a one-hot law. How recent proposals fared is
-    kept by the auto-γ policy, per match length (costmodel.Acceptance), where it steers the next γ."""
-
-    name = "prompt-lookup"
-    copies = True
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_match: int = MAX_MATCH):
-        self.max_ngram, self.min_ngram, self.max_match = max_ngram, min_ngram, max_match
-
-    def find(self, context: list[int]) -> tuple[int, int]:
-        """(index where the copied continuation starts, match length); (-1, 0) if the tail never occurred."""
-        n_ctx = len(context)
-        for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
-            tail = context[n_ctx - n :]
-            best, best_len = -1, 0
-            for start in range(n_ctx - n - 1, -1, -1):  # latest first, never the tail itself
-                if context[start] == tail[0] and context[start : start + n] == tail:
-                    length = n  # extend the agreement backwards
-                    while (length < self.max_match and start + n - length - 1 >= 0
-                           and context[start + n - length - 1] == context[n_ctx - length - 1]):
-                        length += 1
-                    if length > best_len:
-                        best, best_len = start + n, length
-                        if length >= self.max_match:
-                            break
-            if best >= 0:
-                return best, best_len
-        return -1, 0
-
-    def propose(self, context, k, params, generator, law=None) -> Proposal:
-        if k <= 0:
-            return Proposal.empty()
-        at, match = self.find(context)
-        follow = context[at : at + k] if at >= 0 else []
-        if not follow:
-            return Proposal.empty()
-        return Proposal(torch.tensor(follow, dtype=torch.long), None, match)
-
-    def observe(self, num_proposed: int, num_accepted: int) -> None:
-        pass
 
 
 class NGramDrafter:

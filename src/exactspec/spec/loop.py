@@ -210,9 +210,20 @@ class BatchDecoder:
         for j, row in enumerate(rows):
             if j not in kept:
                 remember(self.target, row.context, len(row.prompt), row=j, cached=self._keep[j])
+                _finish(row)
         order = _compact(still)
         self.target.select_rows(torch.tensor(order, dtype=torch.long))
         self.rows = [rows[j] for j in order]
+
+
+def _finish(row: Row) -> None:
+    """Tell a row's drafter its generation ended (a store-writing drafter keeps the last tokens)."""
+    finish = getattr(row.drafter, "finish", None)
+    if finish is not None:
+        try:
+            finish(row.context)
+        except Exception:  # a drafter's bookkeeping never fails a finished row
+            pass
 
 
 def _accept(row: Row, scored: Scored, j: int) -> list[int]:

@@ -1,0 +1,273 @@
+"""A suffix index over token sequences, and the drafters that copy from it.
+
+`SuffixIndex` holds documents (token sequences) and, per n-gram order n in ORDERS, a hash table from
+an n-gram to the latest position it was followed by a token, each position linking to the previous
+one of the same n-gram (zlib's hash chains). A lookup hashes the context's trailing n-grams (longest
+first), walks at most `chain` earlier occurrences of the longest one found, and keeps the occurrence
+whose agreement with the context extends furthest back (ties: the latest). It returns what followed
+that occurrence (the proposal), the match length (how far back the agreement runs, at most
+`max_match`), and how often the occurrences walked were followed by the same next token (an estimate
+of the proposal's first-token probability). Appending one token costs len(ORDERS) hash-table writes;
+a lookup at most len(ORDERS) reads plus `chain` candidate comparisons of `max_match` tokens: both
+independent of how much the index holds.
+
+Two uses (`SuffixDrafter` combines them):
+- the current request's context (prompt + committed output), indexed as it grows: the prompt-lookup
+  drafter's source, without a scan over the whole context per proposal;
+- a bounded store of earlier requests' outputs, per engine (so per model and tokenizer), that live
+  requests write into as they commit tokens: the n samples of one request (and rows of one batch job)
+  draft from each other, and an agent's next session drafts from the last one's tool calls. Its size
+  is capped in MiB (`budget_mb`); the oldest documents are evicted first.
+
+Exactness is untouched: proposals are point masses and go through the same verifier as any draft.
+At T > 0 a seeded request's text then depends on what the store held (as with `--draft auto`).
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from dataclasses import dataclass
+
+import torch
+
+from ..spec.interfaces import Proposal
+from ..spec.sampling import SamplingParams
+
+ORDERS = (3, 2, 1)  # n-gram orders indexed, longest first (the prompt-lookup drafter's 3..1)
+CHAIN = 32  # earlier occurrences compared per lookup
+MAX_MATCH = 64  # longest match length worth measuring: beyond it the copy is as good as certain
+STRIDE = 1 << 32  # a position is doc * STRIDE + offset
+LEAD_IN = 8  # prompt tokens stored before a request's output, so that its first tokens can match
+# What one stored token costs in a CPython process (tokens list, chain arrays, hash-table entries):
+# measured with tracemalloc: 270-320 bytes in one large document, up to 460 in many short ones
+# (hash tables grow by doubling); tests/test_suffix.py checks that a store keeps to its budget.
+BYTES_PER_TOKEN = 512
+
+
+@dataclass
+class Match:
+    """The best earlier occurrence of the context's tail: where its continuation starts, how far back
+    it agrees with the context, and how many of the occurrences walked had the same next token."""
+
+    doc: int
+    at: int  # offset in the document of the first continuation token
+    length: int  # match length (>= the n-gram order that found it)
+    agree: int  # occurrences walked whose next token equals this one's
+    seen: int  # occurrences walked (with the same n-gram)
+
+    @property
+    def probability(self) -> float:
+        """Estimated probability that the continuation's first token comes next: the share of earlier
+        occurrences followed by it, shrunk towards 1/2 (one occurrence says little)."""
+        return (self.agree + 1) / (self.seen + 2)
+
+
+class _Doc:
+    __slots__ = ("tokens", "prev")
+
+    def __init__(self, orders: int) -> None:
+        self.tokens: list[int] = []
+        self.prev = [array("q") for _ in range(orders)]  # per order: previous position of the n-gram ending here
+
+
+class SuffixIndex:
+    """Documents of token ids with hash-chained n-gram tables (see the module docstring). `budget_mb`:
+    evict the oldest documents past this size (None: unbounded, for one request's context)."""
+
+    def __init__(self, budget_mb: float | None = None, chain: int = CHAIN, max_match: int = MAX_MATCH,
+                 orders: tuple[int, ...] = ORDERS) -> None:
+        self.budget = None if budget_mb is None else int(budget_mb * 2**20)
+        self.chain, self.max_match, self.orders = chain, max_match, orders
+        self.docs: dict[int, _Doc] = {}
+        self.heads: list[dict[int, int]] = [{} for _ in orders]
+        self.tokens = 0  # held in live documents
+        self._next_doc = 0
+        self.lock = threading.Lock()  # Ray / server threads may share one store
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated memory held (BYTES_PER_TOKEN per stored token)."""
+        return self.tokens * BYTES_PER_TOKEN
+
+    def new_doc(self) -> int:
+        doc = self._next_doc
+        self._next_doc += 1
+        self.docs[doc] = _Doc(len(self.orders))
+        return doc
+
+    def alive(self, doc: int) -> bool:
+        return doc in self.docs
+
+    def length(self, doc: int) -> int:
+        d = self.docs.get(doc)
+        return len(d.tokens) if d is not None else 0
+
+    def extend(self, doc: int, tokens: list[int]) -> None:
+        """Append tokens to a document, indexing each n-gram that now has a next token."""
+        d = self.docs[doc]
+        seq, base = d.tokens, doc * STRIDE
+        if self.budget is not None:  # one document alone never outgrows the budget: its tail is not kept
+            tokens = tokens[: max(0, self.budget // BYTES_PER_TOKEN - len(seq))]
+        for token in tokens:
+            end = len(seq)  # the new token's offset: the n-grams ending here are followed by it
+            seq.append(token)
+            for o, n in enumerate(self.orders):
+                if end < n:
+                    d.prev[o].append(-1)
+                    continue
+                key = hash(tuple(seq[end - n : end]))
+                head = self.heads[o]
+                d.prev[o].append(head.get(key, -1))
+                head[key] = base + end
+        self.tokens += len(tokens)
+        if self.budget is not None:
+            self._evict(keep=doc)
+
+    def _evict(self, keep: int) -> None:
+        """Drop the oldest documents (never `keep`) while over budget, with their hash-table heads."""
+        while self.nbytes > self.budget and len(self.docs) > 1:
+            doc = next(d for d in self.docs if d != keep)
+            d = self.docs.pop(doc)
+            seq, base = d.tokens, doc * STRIDE
+            for o, n in enumerate(self.orders):
+                head = self.heads[o]
+                for end in range(n, len(seq)):
+                    key = hash(tuple(seq[end - n : end]))
+                    if head.get(key) == base + end:
+                        del head[key]
+            self.tokens -= len(seq)
+
+    def find(self, tail: list[int]) -> Match | None:
+        """The best earlier occurrence of `tail`'s trailing n-gram (longest order first), or None.
+        `tail` needs only its last `max_match` tokens. A document's own last n-gram is not indexed
+        until a token follows it, so a context never matches its own tail."""
+        for o, n in enumerate(self.orders):
+            if len(tail) < n:
+                continue
+            gram = tail[-n:]
+            pos, best, nexts, walked = self.heads[o].get(hash(tuple(gram)), -1), None, [], 0
+            while pos >= 0 and walked < self.chain:
+                walked += 1
+                doc, end = divmod(pos, STRIDE)
+                d = self.docs.get(doc)
+                if d is None:  # evicted: everything further down the chain is older
+                    break
+                pos, seq = d.prev[o][end], d.tokens
+                if seq[end - n : end] != gram:
+                    continue  # a hash collision
+                nexts.append(seq[end])
+                if best is None or self._longer(seq, end, tail, best.length):
+                    best = Match(doc, end, self._agreement(seq, end, tail, n if best is None else best.length + 1), 0, 0)
+                    if best.length >= self.max_match:
+                        break
+            if best is not None:
+                best.seen, best.agree = len(nexts), nexts.count(self.docs[best.doc].tokens[best.at])
+                return best
+        return None
+
+    def _agreement(self, seq: list[int], end: int, tail: list[int], known: int) -> int:
+        """How many tokens before `end` in `seq` agree with the end of `tail` (at least `known`)."""
+        length, limit = known, min(self.max_match, end, len(tail))
+        while length < limit and seq[end - length - 1] == tail[-length - 1]:
+            length += 1
+        return length
+
+    def _longer(self, seq: list[int], end: int, tail: list[int], than: int) -> bool:
+        """Whether this occurrence agrees further back than `than` tokens (cheap test first)."""
+        if than >= min(end, len(tail)) or seq[end - than - 1] != tail[-than - 1]:
+            return False
+        return seq[end - than - 1 : end] == tail[-than - 1 :]
+
+    def continuation(self, match: Match, k: int) -> list[int]:
+        """Up to k tokens that followed the match."""
+        return self.docs[match.doc].tokens[match.at : match.at + k]
+
+
+class SuffixDrafter:
+    """Copies what followed the best earlier occurrence of the context's tail: in the request's own
+    context (prompt + output, indexed as it grows) and, given a `store`, in every document the store
+    holds (earlier requests' outputs, this request's siblings). The longer match wins; a tie goes to the
+    context. With a store, the drafter writes the request's last LEAD_IN prompt tokens and its output
+    into the store as they are committed, so that others can copy from them while it still runs.
+
+    Deterministic, so proposals are point masses (probs=None), exact at any temperature. `copies`: any
+    prefix of a proposal may be verified (auto γ cuts it by the match length it reports). After each
+    proposal, `source` ("context" or "store") and `found` (the Match) say where it came from."""
+
+    copies = True
+
+    def __init__(self, store: SuffixIndex | None = None, own_context: bool = True, name: str | None = None,
+                 max_match: int = MAX_MATCH, orders: tuple[int, ...] = ORDERS) -> None:
+        self.store, self.max_match, self.orders = store, max_match, orders
+        self.name = name or ("prompt-lookup" if store is None else "suffix" if own_context else "store")
+        self.index = SuffixIndex(max_match=max_match, orders=orders) if own_context else None
+        self._doc = self.index.new_doc() if self.index is not None else None
+        self._store_doc: int | None = None
+        self._stored = 0  # context tokens written to the store (absolute offset in the context)
+        self.source: str | None = None
+        self.found: Match | None = None
+
+    def sync(self, context: list[int]) -> None:
+        """Index the context tokens not seen yet (the context only grows within one generation)."""
+        if self.index is not None:
+            seen = self.index.length(self._doc)
+            if seen > len(context) or (seen and self.index.docs[self._doc].tokens[seen - 1] != context[seen - 1]):
+                self.index = SuffixIndex(max_match=self.max_match, orders=self.orders)  # not the context indexed so far: start over
+                self._doc, seen = self.index.new_doc(), 0
+            self.index.extend(self._doc, context[seen:])
+        if self.store is not None:
+            self._write(context)
+
+    def _write(self, context: list[int]) -> None:
+        with self.store.lock:
+            if self._store_doc is None or not self.store.alive(self._store_doc):  # first write, or evicted
+                self._store_doc, self._stored = self.store.new_doc(), max(0, len(context) - LEAD_IN)
+            if len(context) > self._stored:
+                self.store.extend(self._store_doc, context[self._stored:])
+                self._stored = len(context)
+
+    def lookup(self, context: list[int]) -> tuple[SuffixIndex, Match] | None:
+        """The best match of the context's tail among the drafter's sources, with the index holding it."""
+        tail = context[-self.max_match:]
+        best = None
+        for name, index in (("context", self.index), ("store", self.store)):
+            if index is None:
+                continue
+            if index is self.store:
+                with index.lock:
+                    match = index.find(tail)
+            else:
+                match = index.find(tail)
+            if match is not None and (best is None or match.length > best[1].length):
+                best, self.source = (index, match), name
+        return best
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None,
+                law=None) -> Proposal:
+        self.sync(context)
+        self.source = self.found = None
+        if k <= 0:
+            return Proposal.empty()
+        best = self.lookup(context)
+        if best is None:
+            return Proposal.empty()
+        index, self.found = best
+        follow = index.continuation(self.found, k)
+        return Proposal(torch.tensor(follow, dtype=torch.long), None, self.found.length)
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        pass
+
+    def finish(self, context: list[int]) -> None:
+        """The generation ended with this context: its last tokens go to the store too."""
+        if self.store is not None:
+            self._write(context)
+
+
+class PromptLookupDrafter(SuffixDrafter):
+    """Prompt lookup (Saxena 2023): copies from the request's own context only, matching its trailing
+    n-grams for n = max_ngram..min_ngram."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_match: int = MAX_MATCH) -> None:
+        super().__init__(None, True, "prompt-lookup", max_match, tuple(range(max_ngram, min_ngram - 1, -1)))
