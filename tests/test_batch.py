@@ -294,3 +294,34 @@ def test_device_rule_equals_host_rule(fast_tiny, tiny_draft, monkeypatch):
     monkeypatch.setattr(loop, "acceptance", lambda p, law, verifier, device: real(p, law, verifier, torch.device("cuda")))
     assert loop.acceptance(params, None, None, torch.device("cpu")) is ON_DEVICE
     assert run_batch(fast_tiny, drafters(), PROMPTS, params, 3, 16, [10, 11, 12, 13]) == host
+
+
+@pytest.mark.parametrize("device_rule", [False, True])
+def test_point_mass_drafts_leave_sampled_text_as_plain_decoding(fast_tiny, monkeypatch, device_rule):
+    """At T > 0 a row with point-mass drafts (prompt lookup, a store, grammar-forced tokens) emits, for a
+    seed, exactly the tokens plain decoding samples from that seed: each position's token comes from that
+    position's uniform (verify_coupled, Uniforms), whatever γ, batch or rule (host or device)."""
+    import exactspec.spec.loop as loop
+
+    if device_rule:
+        real = loop.acceptance
+        monkeypatch.setattr(loop, "acceptance", lambda p, law, verifier, device: real(p, law, verifier, torch.device("cuda")))
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    seeds = [21, 22, 23, 24]
+    plain = run_batch(fast_tiny, [None] * 4, PROMPTS, params, 0, 24, seeds)
+    for gamma in (1, 4, 12):
+        assert run_batch(fast_tiny, [PromptLookupDrafter() for _ in PROMPTS], PROMPTS, params, gamma, 24, seeds) == plain
+    alone = [run_alone(fast_tiny, PromptLookupDrafter(), p, params, 4, 24, s) for p, s in zip(PROMPTS, seeds)]
+    assert alone == plain
+    accepted = Stats()
+    list(decode(fast_tiny, PromptLookupDrafter(), PROMPTS[2], params, 4, 24, torch.Generator().manual_seed(24), accepted))
+    assert accepted.accepted > 0  # drafts were accepted, not all rejected
+
+
+def test_engine_seeded_sampling_is_plain_text_under_any_gamma(embedded):
+    """A seed fixes a sampled text: with prompt lookup it is plain decoding's at γ 4, 16 and auto (the
+    README's promise for `seed`)."""
+    prompt = "Rewrite in the past tense: I walk to school and I see my friends. We play football."
+    runs = {g: embedded.generate(prompt, max_new_tokens=32, temperature=0.8, top_p=0.95, seed=7, gamma=g).token_ids
+            for g in (0, 4, 16, "auto")}
+    assert runs[4] == runs[0] and runs[16] == runs[0] and runs["auto"] == runs[0]

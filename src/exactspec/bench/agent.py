@@ -62,10 +62,27 @@ def load_agent_workload() -> dict:
     return json.loads(resources.files(__package__).joinpath("workloads", "agent.json").read_text())
 
 
+def load_agent_repeat() -> dict:
+    """`agent-repeat`: agent.json's system prompt, and the sessions of `workloads/agent-repeat.json` (each
+    kind's task and tool outputs filled with one session's values), interleaved: every kind's first
+    session, then every kind's second, ... (as a server sees many agents doing the same kinds of task)."""
+    folder = resources.files(__package__).joinpath("workloads")
+    repeat = json.loads(folder.joinpath("agent-repeat.json").read_text())
+    kinds = repeat["kinds"]
+    sessions = [{"task": kind["task"].format(**values), "steps": [s.format(**values) for s in kind["steps"]],
+                 "kind": kind["name"]}
+                for i in range(max(len(k["sessions"]) for k in kinds)) for kind in kinds
+                if i < len(kind["sessions"]) for values in [kind["sessions"][i]]]
+    return {"system": load_agent_workload()["system"], "max_new_tokens": repeat["max_new_tokens"],
+            "transcripts": sessions, "continuous": True}
+
+
 def replay(method: AgentMethod, workload: dict, transcript: dict, params: SamplingParams, max_new_tokens: int,
-           seed: int, steps: int | None = None) -> list[Step]:
-    """Run one transcript's steps against `method`, appending its own answers to the history."""
-    method.begin()
+           seed: int, steps: int | None = None, begin: bool = True) -> list[Step]:
+    """Run one transcript's steps against `method`, appending its own answers to the history. `begin`:
+    start from empty caches (False: a server's next session, after the ones before it)."""
+    if begin:
+        method.begin()
     messages = [{"role": "system", "content": workload["system"]}, {"role": "user", "content": transcript["task"]},
                 {"role": "assistant", "content": "I will use the tools step by step."}]
     out = []
@@ -198,9 +215,12 @@ def build_agent_methods(engine: Engine, drafters: list[str], gammas: list[int | 
 
 def run_agent_bench(engine: Engine, methods: list[AgentMethod], temperature: float = 0.0,
                     transcripts: int | None = None, steps: int | None = None, reps: int = 1,
-                    max_new_tokens: int | None = None, progress=None) -> list[dict]:
-    """-> one row per method (the bench's JSON row fields, plus per-step latency fields)."""
-    workload = load_agent_workload()
+                    max_new_tokens: int | None = None, progress=None, name: str = "agent") -> list[dict]:
+    """-> one row per method (the bench's JSON row fields, plus per-step latency fields). `name`:
+    "agent" (each transcript from empty caches, methods interleaved per transcript) or "agent-repeat"
+    (each method runs the interleaved sessions in one go, its caches and store kept from session to
+    session as a server's are; the method order rotates per repetition)."""
+    workload = load_agent_repeat() if name == "agent-repeat" else load_agent_workload()
     chosen = workload["transcripts"][:transcripts]
     max_new = max_new_tokens or workload["max_new_tokens"]
     params = SamplingParams(temperature=temperature)
@@ -211,14 +231,19 @@ def run_agent_bench(engine: Engine, methods: list[AgentMethod], temperature: flo
         for i, transcript in enumerate(chosen):
             shift = (rep * len(chosen) + i) % len(methods)
             for m in methods[shift:] + methods[:shift]:
-                steps_of[id(m)] += replay(m, workload, transcript, params, max_new, 1000 * rep + 100 * i, steps)
+                if workload.get("continuous"):  # all sessions, in order, per method
+                    if i == 0:
+                        steps_of[id(m)] += [s for j, t in enumerate(chosen) for s in replay(
+                            m, workload, t, params, max_new, 1000 * rep + 100 * j, steps, begin=j == 0)]
+                else:
+                    steps_of[id(m)] += replay(m, workload, transcript, params, max_new, 1000 * rep + 100 * i, steps)
                 if progress is not None:
                     progress.update(1)
     engine.set_prefix_cache(None)
     base = _median([s.latency_s for s in steps_of[id(methods[0])]])
     anchor = next((m for m in methods if m.method in ("hf-plain", "llamacpp-plain-cache")), None)
     anchor_latency = _median([s.latency_s for s in steps_of[id(anchor)]]) if anchor else None
-    return [_row(m, steps_of[id(m)], temperature, base, anchor_latency) for m in methods]
+    return [_row(m, steps_of[id(m)], temperature, base, anchor_latency, name) for m in methods]
 
 
 def _median(xs: list[float]) -> float:
@@ -230,12 +255,13 @@ def _p90(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(0.9 * len(xs)))] if xs else float("nan")
 
 
-def _row(m: AgentMethod, steps: list[Step], temperature: float, base: float, anchor: float | None) -> dict:
+def _row(m: AgentMethod, steps: list[Step], temperature: float, base: float, anchor: float | None,
+         workload: str = "agent") -> dict:
     latency = [s.latency_s for s in steps]
     merged = total(s.stats for s in steps) if steps and steps[0].stats is not None else None
     tokens, seconds = sum(s.tokens for s in steps), sum(latency)
     return {
-        "workload": "agent", "temperature": temperature, "method": m.method, "drafter": m.drafter, "gamma": m.gamma,
+        "workload": workload, "temperature": temperature, "method": m.method, "drafter": m.drafter, "gamma": m.gamma,
         "tokens_per_s": tokens / seconds if seconds else None,
         "speedup_vs_plain": base / _median(latency),  # median step latency of exactspec-plain-nocache / this one's
         "speedup_vs_anchor_plain": anchor / _median(latency) if anchor else None,

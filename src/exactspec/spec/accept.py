@@ -10,8 +10,8 @@ import torch
 from .law import TargetLaw
 from .rows import Draft, Row
 from .sampling import LawError, SamplingParams, bad_laws, warp
-from .verify import accept_greedy, accept_greedy_lenient, verify
-from .verify_torch import verify_rows
+from .verify import accept_greedy, accept_greedy_lenient, verify, verify_coupled, verify_with_uniforms
+from .verify_torch import verify_rows, verify_rows_coupled
 
 
 class Scored:
@@ -141,11 +141,17 @@ class Sampled(Rule):
         self.options = {} if lenience == 1 else {"lenience": lenience}
 
     def accept(self, scored: Scored, j: int) -> list[int]:
-        d, laws = scored.drafts[j], scored.law(j)
+        d, laws, row = scored.drafts[j], scored.law(j), scored.rows[j]
         probs = d.probs[: len(d.ids)] if d.probs is not None else None
-        if self.host:  # the NumPy verifier reads host memory (no copy on the CPU)
-            laws, probs = laws.cpu(), None if probs is None else probs.cpu()
-        return self.verifier(d.ids, probs, laws, scored.rows[j].generator, **self.options)
+        if not self.host:  # an injected verifier draws its own uniforms
+            return self.verifier(d.ids, probs, laws, row.generator, **self.options)
+        laws, probs = laws.cpu(), None if probs is None else probs.cpu()  # NumPy reads host memory (no copy on the CPU)
+        uniforms = row.uniforms.take(len(d.ids) + 1)
+        if probs is None and not self.options:  # point masses, exact: plain decoding's tokens (verify_coupled)
+            out = verify_coupled(d.ids, laws, uniforms)
+            row.uniforms.unread(uniforms[len(out):])
+            return out
+        return verify_with_uniforms(d.ids, probs, laws, uniforms, **self.options)
 
 
 class OnDevice(Rule):
@@ -186,16 +192,24 @@ def verify_on_device(rows: list[Row], drafts: list[Draft], target_probs: torch.T
     draft_ids = torch.zeros(A, width - 1, dtype=torch.long)
     uniforms = torch.zeros(A, width)
     gammas = torch.tensor([len(d.ids) for d in drafts], dtype=torch.long)
-    with_probs = any(d.probs is not None for d in drafts)
-    draft_probs = torch.zeros(A, width - 1, target_probs.shape[-1], device=target_probs.device) if with_probs else None
+    coupled = [d.probs is None for d in drafts]  # point masses: verify_coupled's rule, batched
+    draft_probs = None if all(coupled) else torch.zeros(A, width - 1, target_probs.shape[-1], device=target_probs.device)
     for j, (row, d) in enumerate(zip(rows, drafts)):
         k = len(d.ids)
         draft_ids[j, :k] = torch.tensor(d.ids, dtype=torch.long)
-        uniforms[j, : k + 1] = torch.rand(k + 1, generator=row.generator)
-        if draft_probs is not None:  # rows with point-mass proposals get one-hot laws
-            ids = draft_ids[j, :k].to(target_probs.device)
-            draft_probs[j, :k] = d.probs[:k].to(target_probs.device) if d.probs is not None else \
-                torch.nn.functional.one_hot(ids, target_probs.shape[-1]).float()
-    accepted, nxt = verify_rows(draft_ids, gammas, draft_probs, target_probs, uniforms)
-    accepted, nxt = torch.stack([accepted, nxt]).tolist()
-    return [drafts[j].ids[: accepted[j]] + [nxt[j]] for j in range(A)]
+        uniforms[j, : k + 1] = torch.tensor(row.uniforms.take(k + 1))
+        if draft_probs is not None and d.probs is not None:
+            draft_probs[j, :k] = d.probs[:k].to(target_probs.device)
+    found = [None] * A
+    for rule, members in ((verify_rows_coupled, [j for j in range(A) if coupled[j]]),
+                          (verify_rows, [j for j in range(A) if not coupled[j]])):
+        if not members:
+            continue
+        m = torch.tensor(members)
+        args = (draft_ids[m], gammas[m]) + (() if rule is verify_rows_coupled else (draft_probs[m.to(draft_probs.device)],))
+        accepted, nxt = torch.stack(rule(*args, target_probs[m.to(target_probs.device)], uniforms[m])).tolist()
+        for i, j in enumerate(members):
+            found[j] = drafts[j].ids[: accepted[i]] + [nxt[i]]
+            if rule is verify_rows_coupled:  # hand the uniforms of positions not reached back
+                rows[j].uniforms.unread(uniforms[j, accepted[i] + 1 : gammas[j] + 1].tolist())
+    return found

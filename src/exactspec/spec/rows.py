@@ -11,7 +11,7 @@ from ..stats import Stats
 from .costmodel import AutoGamma
 from .interfaces import Drafter
 from .law import TargetLaw
-from .sampling import SamplingParams
+from .sampling import SamplingParams, Uniforms
 
 
 @dataclass(eq=False)
@@ -35,9 +35,11 @@ class Row:
     produced: int = 0
     started: float = 0.0
     rule: object = None  # its accept.Rule: how its drafts are accepted, set once when it joins a decoder
+    uniforms: Uniforms = field(init=False)  # its random numbers by output position (drawn from `generator`)
 
     def __post_init__(self) -> None:
         self.context = list(self.prompt)
+        self.uniforms = Uniforms(self.generator)
         self.stats.lenience = min(self.stats.lenience, self.params.lenience)
         self._decode_base = self.stats.decode_s  # a Stats carried over from earlier generations keeps its time
 

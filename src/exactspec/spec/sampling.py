@@ -123,6 +123,27 @@ def sample_from_uniform(probs: ArrayLike, uniform: float) -> int:
     return int(starts[j]) + i
 
 
+class Uniforms:
+    """A row's random numbers for acceptance and sampling, in the order of the positions they decide:
+    drawn from its generator as needed, and those an iteration did not use (positions after the first
+    rejection) handed back for the next one. So the uniform of output position t is the t-th number
+    drawn, whatever the proposals were (torch's CPU generator gives the same numbers however the draws
+    are split): a point-mass proposal verified by `verify.verify_coupled` then leaves the sampled text
+    exactly as plain decoding from the same seed would give it."""
+
+    def __init__(self, generator: torch.Generator | None) -> None:
+        self.generator, self.pending = generator, []
+
+    def take(self, n: int) -> list[float]:
+        fresh = n - len(self.pending)
+        out = self.pending[:n] + (torch.rand(fresh, generator=self.generator).tolist() if fresh > 0 else [])
+        self.pending = self.pending[n:]
+        return out
+
+    def unread(self, unused: list[float]) -> None:
+        self.pending = list(unused) + self.pending
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """probs [V] -> one id, drawn with one uniform from `generator` (host RNG on every device)."""
     uniform = torch.rand(1, generator=generator)

@@ -61,6 +61,25 @@ def verify_with_uniforms(
     return draft_ids[:n] + [sample_from_uniform(residual, u[gamma])]
 
 
+def verify_coupled(draft_ids: list[int], target_probs: ArrayLike, uniforms: ArrayLike) -> list[int]:
+    """Point-mass drafts, the exact rule with the plain sampler's coupling: position i's token is drawn
+    from p_i by inverse CDF with uniform i, and draft x_i is accepted when that token IS x_i; the first
+    token that differs is emitted and ends the proposal (all equal: the bonus token, drawn the same way).
+    In law this is Algorithm 1 for q = point mass at x: x is accepted with probability p(x) = min(1,
+    p(x)/q(x)), and a rejection emits p conditioned on not x, which is norm(max(0, p - q)). Because each
+    position's token depends on its own uniform alone, the output equals plain decoding's with the same
+    uniforms (spec.sampling.Uniforms hands unused ones on), whatever was proposed and whatever γ.
+    target_probs [γ+1, V], uniforms [>= emitted] -> the emitted tokens (their count = uniforms used)."""
+    p = as_numpy(target_probs)
+    out = []
+    for i, x in enumerate(draft_ids):
+        token = sample_from_uniform(p[i], uniforms[i])
+        out.append(token)
+        if token != x:
+            return out
+    return out + [sample_from_uniform(p[len(draft_ids)], uniforms[len(draft_ids)])]
+
+
 def verify(
     draft_ids: list[int],
     draft_probs: torch.Tensor | None,

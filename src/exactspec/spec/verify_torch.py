@@ -49,3 +49,24 @@ def verify_rows(
     else:
         residual = p_n
     return accepted, sample_rows(residual, uniforms[rows, gammas])
+
+
+def verify_rows_coupled(
+    draft_ids: torch.Tensor,  # [A, K] long, point-mass drafts, row b's in [:gammas[b]]
+    gammas: torch.Tensor,  # [A] long
+    target_probs: torch.Tensor,  # [A, K+1, V]
+    uniforms: torch.Tensor,  # [A, K+1]: position i's uniform (spec.sampling.Uniforms)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify.verify_coupled` batched: every position's token drawn by inverse CDF from its own uniform;
+    drafts accepted while they equal it. -> (accepted [A], next [A]: the drawn token after them)."""
+    A, K1, V = target_probs.shape
+    device = target_probs.device
+    draft_ids, gammas, uniforms = draft_ids.to(device), gammas.to(device), uniforms.to(device)
+    drawn = sample_rows(target_probs.reshape(A * K1, V), uniforms.reshape(A * K1)).reshape(A, K1)  # [A, K+1]
+    K = K1 - 1
+    if K:
+        same = (drawn[:, :K] == draft_ids) & (torch.arange(K, device=device) < gammas[:, None])
+        accepted = same.int().cumprod(-1).sum(-1)
+    else:
+        accepted = torch.zeros(A, dtype=torch.long, device=device)
+    return accepted, drawn[torch.arange(A, device=device), accepted]
