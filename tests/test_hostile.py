@@ -22,6 +22,7 @@ from exactspec.detokenize import IncrementalText
 from exactspec.server import create_app
 from exactspec.server.history import for_template
 from exactspec.server.limits import MAX_GRAMMAR_RULES, MAX_STOP_CHARS, MAX_STOPS
+from exactspec.spec.lark_finite import nonterminating
 from exactspec.spec.law import Penalties, TargetLaw
 from exactspec.spec.loop import BatchDecoder, Row, decode
 from exactspec.spec.sampling import LawError, SamplingParams
@@ -138,6 +139,8 @@ BAD = [
     ({"response_format": schema_format({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
                                         "$ref": "#/$defs/a"})}, "matches no text"),
     ({"response_format": {"type": "regex", "regex": "[^\\s\\S]"}}, "matches no text"),
+    ({"response_format": {"type": "grammar", "grammar": 'start: a\na: "x" a'}}, "no finite derivation: rules 'start', 'a'"),
+    ({"response_format": {"type": "grammar", "grammar": 'start: "x" start | "y" start'}}, "no finite derivation"),
     ({"temperature": float("nan")}, "temperature"),
 ]
 
@@ -150,6 +153,28 @@ def test_bad_chat_input_is_400(api, body, fragment, stream):
     r = httpx.post(f"{api.base}{CHAT}", content=text, headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400, r.text[:300]
     assert fragment in r.json()["error"]["message"] or r.json()["error"]["param"] == fragment
+
+
+LARK_FINITE = [  # (grammar, the rules that never terminate: [] when start derives a string, or no verdict)
+    ('start: a\na: "x" a', ["start", "a"]),
+    ('start: "x" start', ["start"]),
+    ('start: a\na: "x" a | "y"', []),
+    ('start: a\na: "x" a\n  | b\nb: b "q"', ["start", "a", "b"]),  # a continued alternative, a loop via b
+    ('start: a*\na: "x" a', []), ('start: a?\na: "x" a', []), ('start: [a]\na: "x" a', []),
+    ('start: a ~ 0..3\na: "x" a', []), ('start: a ~ 2\na: "x" a', ["start", "a"]),
+    ('start: a+\na: "x" a', ["start", "a"]), ('start: ("z" | a)\na: "x" a', []),
+    ('?start: a\n!a.2: "x" a // a comment\n%ignore " "', ["start", "a"]),
+    ('start[max_tokens=5]: A\nA: "a".."z" A', ["start", "A"]),
+    ('%import common.NUMBER\nstart: NUMBER', []), ('start: a -> alias\na: "x"', []),
+    ('%llguidance {}\nstart: <|im_end|> | %json {"type": "object"} | /[0-9]+/', []),
+    ('_sep{x}: x\nstart: _sep{start}', []),  # a template: beyond the analysis, left to llguidance
+    (lark_chain(3000).replace('r3000: "x"', 'r3000: r0 "x"'), ["start"] + [f"r{i}" for i in range(3001)]),
+]
+
+
+@pytest.mark.parametrize("grammar,endless", LARK_FINITE, ids=range(len(LARK_FINITE)))
+def test_grammars_without_a_finite_derivation_are_found(grammar, endless):
+    assert nonterminating(grammar) == endless
 
 
 @pytest.mark.parametrize("body", [{"echo": True}, {"best_of": 3}, {"suffix": "end"}])
