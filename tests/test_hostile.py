@@ -188,10 +188,31 @@ def test_too_many_messages_is_400(api):
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
 
 
-def test_deeply_nested_body_is_400(api):
-    r = httpx.post(f"{api.base}{CHAT}", content=b"[" * 100_000 + b"]" * 100_000,
-                   headers={"content-type": "application/json"}, timeout=60)
-    assert r.status_code in (400, 422) and httpx.get(f"{api.base}/health", timeout=5).status_code == 200
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+                                  b'{"messages": ' + b"[" * 100_000, b'{"model": "\xff\xfe"}'],
+                         ids=["arrays", "objects", "unclosed", "not-utf8"])
+def test_a_body_that_is_not_readable_json_is_400(api, body):
+    r = httpx.post(f"{api.base}{CHAT}", content=body, headers={"content-type": "application/json"}, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["type"] == "invalid_request_error", r.text[:300]
+    assert error["message"].startswith("malformed JSON body: ")
+    assert "nested too deeply" in error["message"] or body.endswith(b'"}')
+    assert httpx.get(f"{api.base}/health", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("field", ["response_format", "tools", "stop", "logit_bias", "messages", "extra"])
+def test_deep_values_that_parse_are_400_not_500(api, field):
+    """Nested just inside what the JSON parser reads: each field's own check refuses it, nothing raises
+    RecursionError into a 500."""
+    deep = "[" * 900 + "]" * 900
+    values = {"response_format": '{"type": "json_schema", "json_schema": {"name": "x", "schema": {"x": %s}}}',
+              "tools": '[{"type": "function", "function": {"name": "f", "parameters": {"x": %s}}}]',
+              "stop": "%s", "logit_bias": '{"1": %s}', "messages": '[{"role": "user", "content": %s}]',
+              "extra": "%s"}
+    text = '{"model": "%s", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (
+        MODEL, field, values[field] % deep)
+    r = httpx.post(f"{api.base}{CHAT}", content=text, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code in ((200, 400) if field == "extra" else (400,)), r.text[:300]
 
 
 def test_chunked_body_over_the_limit_is_413(api):
