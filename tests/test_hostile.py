@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -80,43 +81,51 @@ uvicorn.run(create_app(engine, "child"), host="127.0.0.1", port=int(sys.argv[1])
 """
 
 
-def test_crash_cases_answer_400_in_a_child_server():
+@pytest.fixture(scope="module")
+def child():
+    """A server in a child process (the real tokenizer, a tiny random model): a crash kills the child,
+    not the test session, and what is measured of it (latency, memory) is the server's alone."""
     port = _free_port()
-    child = subprocess.Popen([sys.executable, "-c", CHILD_SERVER, str(port)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-c", CHILD_SERVER, str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert child.poll() is None and time.monotonic() < deadline, "the child server did not start"
+            assert process.poll() is None and time.monotonic() < deadline, "the child server did not start"
             try:
                 if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.3)
-        deep = ref_chain(950)  # crashed the process before, as response_format and as a named tool
-        tool = {"type": "function", "function": {"name": "deep", "parameters": deep}}
-        cases = [
-            ({"response_format": schema_format(deep)}, "deep"),
-            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "deep"}}}, "deep"),
-            ({"response_format": {"type": "grammar", "grammar": lark_chain(3000)}}, str(MAX_GRAMMAR_RULES)),
-            ({"response_format": "NESTED"}, "body"),  # deeper than the JSON parser goes: 400 before any schema check
-        ]
-        nested = '{"type":"object","properties":{"x":' * 5000 + '{"type":"string"}' + "}}" * 5000
-        for body, fragment in cases:
-            text = json.dumps({"messages": USER, "max_tokens": 2, **body})
-            text = text.replace('"NESTED"', '{"type":"json_schema","json_schema":{"name":"x","schema":%s}}' % nested)
-            r = httpx.post(f"{base}{CHAT}", content=text, headers={"content-type": "application/json"}, timeout=60)
-            assert r.status_code == 400, r.text[:300]
-            assert fragment in r.json()["error"]["message"]
-            assert child.poll() is None
-        inside = {"response_format": {"type": "grammar", "grammar": lark_chain(MAX_GRAMMAR_RULES - 2)}}
-        r = httpx.post(f"{base}{CHAT}", json={"messages": USER, "max_tokens": 2, **inside}, timeout=60)
-        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "x"
-        assert httpx.get(f"{base}/health", timeout=5).status_code == 200 and child.poll() is None
+        yield SimpleNamespace(base=base, process=process)
     finally:
-        child.terminate()
-        child.wait(30)
+        process.terminate()
+        process.wait(30)
+
+
+def test_crash_cases_answer_400_in_a_child_server(child):
+    base = child.base
+    deep = ref_chain(950)  # crashed the process before, as response_format and as a named tool
+    tool = {"type": "function", "function": {"name": "deep", "parameters": deep}}
+    cases = [
+        ({"response_format": schema_format(deep)}, "deep"),
+        ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "deep"}}}, "deep"),
+        ({"response_format": {"type": "grammar", "grammar": lark_chain(3000)}}, str(MAX_GRAMMAR_RULES)),
+        ({"response_format": "NESTED"}, "body"),  # deeper than the JSON parser goes: 400 before any schema check
+    ]
+    nested = '{"type":"object","properties":{"x":' * 5000 + '{"type":"string"}' + "}}" * 5000
+    for body, fragment in cases:
+        text = json.dumps({"messages": USER, "max_tokens": 2, **body})
+        text = text.replace('"NESTED"', '{"type":"json_schema","json_schema":{"name":"x","schema":%s}}' % nested)
+        r = httpx.post(f"{base}{CHAT}", content=text, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 400, r.text[:300]
+        assert fragment in r.json()["error"]["message"]
+        assert child.process.poll() is None
+    inside = {"response_format": {"type": "grammar", "grammar": lark_chain(MAX_GRAMMAR_RULES - 2)}}
+    r = httpx.post(f"{base}{CHAT}", json={"messages": USER, "max_tokens": 2, **inside}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "x"
+    assert httpx.get(f"{base}/health", timeout=5).status_code == 200 and child.process.poll() is None
 
 
 # --- bad input is a 400, never a 5xx -------------------------------------------------------------
@@ -311,20 +320,26 @@ def test_stop_hold_back_is_linear(embedded):
 
 @pytest.mark.parametrize("messages", [[{"role": "user", "content": "word " * 700_000}],
                                       [{"role": "user", "content": "hi"}] * 9_000], ids=["long", "many"])
-def test_health_stays_fast_while_a_large_prompt_is_tokenised(api, messages):
-    big = {"messages": messages, "max_tokens": 1}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(post, api, big)
-        worst = 0.0
-        while not pending.done():
-            t = time.perf_counter()
-            assert httpx.get(f"{api.base}/health", timeout=5).status_code == 200
-            worst = max(worst, time.perf_counter() - t)
-            time.sleep(0.05)
-        assert pending.result().status_code == 400  # longer than the context
-    # the goal is 0.5 s (9.3 s before); client, server and tokeniser share this process and, on a loaded
-    # two-core box, its cores: the bound keeps the margin that scheduling needs
-    assert worst < 2.0, worst
+def test_health_stays_fast_while_a_large_prompt_is_tokenised(child, messages):
+    """/health answers within 0.5 s while the server parses, renders and tokenises the largest prompt it
+    accepts (3.5 MB: 1.7 s of tokenising; the event loop stood still 9.3 s before the preparing
+    thread, 1.8 s before the tokeniser released the GIL). Served by the child, probed from here on one
+    connection; the big request repeats until 20 probes are in (measured: worst 0.03 s long, 0.3 s
+    many, on two shared cores). One probe may stall for scheduling (other processes on those cores):
+    the second-worst must meet the goal, the worst twice it."""
+    big = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1}).encode()
+    latencies: list[float] = []
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, httpx.Client(base_url=child.base, timeout=60) as client:
+        while len(latencies) < 20:
+            pending = pool.submit(client.post, CHAT, content=big, headers={"content-type": "application/json"})
+            while not pending.done():
+                t = time.perf_counter()
+                assert client.get("/health").status_code == 200
+                latencies.append(time.perf_counter() - t)
+                time.sleep(0.05)
+            assert pending.result().status_code == 400  # longer than the context
+    worst = sorted(latencies)[-2:]
+    assert worst[0] < 0.5 and worst[1] < 1.0, worst
 
 
 # --- roles cannot be forged -----------------------------------------------------------------------
