@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -22,6 +24,7 @@ from exactspec.detokenize import IncrementalText
 from exactspec.server import create_app
 from exactspec.server.history import for_template
 from exactspec.server.limits import MAX_GRAMMAR_RULES, MAX_STOP_CHARS, MAX_STOPS
+from exactspec.spec.lark_finite import nonterminating
 from exactspec.spec.law import Penalties, TargetLaw
 from exactspec.spec.loop import BatchDecoder, Row, decode
 from exactspec.spec.sampling import LawError, SamplingParams
@@ -79,43 +82,103 @@ uvicorn.run(create_app(engine, "child"), host="127.0.0.1", port=int(sys.argv[1])
 """
 
 
-def test_crash_cases_answer_400_in_a_child_server():
+# One malloc arena: freed memory is reused by whichever thread allocates next. With glibc's default
+# arena per thread, each thread that once held a 3.5 MB prompt's 700 000-token encoding (the rayon
+# pool's included) keeps its freed pages: RSS rose in steps to ~+15% over a few rounds, then stayed
+# (measured 835 -> 950 MB); with one arena it stays within 1% (803 -> 808 MB over 7 rounds).
+CHILD_ENV = {"MALLOC_ARENA_MAX": "1"}
+
+
+@pytest.fixture(scope="module")
+def child():
+    """A server in a child process (the real tokenizer, a tiny random model): a crash kills the child,
+    not the test session, and what is measured of it (latency, memory) is the server's alone."""
     port = _free_port()
-    child = subprocess.Popen([sys.executable, "-c", CHILD_SERVER, str(port)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-c", CHILD_SERVER, str(port)], env={**os.environ, **CHILD_ENV},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert child.poll() is None and time.monotonic() < deadline, "the child server did not start"
+            assert process.poll() is None and time.monotonic() < deadline, "the child server did not start"
             try:
                 if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.3)
-        deep = ref_chain(950)  # crashed the process before, as response_format and as a named tool
-        tool = {"type": "function", "function": {"name": "deep", "parameters": deep}}
-        cases = [
-            ({"response_format": schema_format(deep)}, "deep"),
-            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "deep"}}}, "deep"),
-            ({"response_format": {"type": "grammar", "grammar": lark_chain(3000)}}, str(MAX_GRAMMAR_RULES)),
-            ({"response_format": "NESTED"}, "body"),  # deeper than the JSON parser goes: 400 before any schema check
-        ]
-        nested = '{"type":"object","properties":{"x":' * 5000 + '{"type":"string"}' + "}}" * 5000
-        for body, fragment in cases:
-            text = json.dumps({"messages": USER, "max_tokens": 2, **body})
-            text = text.replace('"NESTED"', '{"type":"json_schema","json_schema":{"name":"x","schema":%s}}' % nested)
-            r = httpx.post(f"{base}{CHAT}", content=text, headers={"content-type": "application/json"}, timeout=60)
-            assert r.status_code == 400, r.text[:300]
-            assert fragment in r.json()["error"]["message"]
-            assert child.poll() is None
-        inside = {"response_format": {"type": "grammar", "grammar": lark_chain(MAX_GRAMMAR_RULES - 2)}}
-        r = httpx.post(f"{base}{CHAT}", json={"messages": USER, "max_tokens": 2, **inside}, timeout=60)
-        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "x"
-        assert httpx.get(f"{base}/health", timeout=5).status_code == 200 and child.poll() is None
+        yield SimpleNamespace(base=base, process=process)
     finally:
-        child.terminate()
-        child.wait(30)
+        process.terminate()
+        process.wait(30)
+
+
+def test_crash_cases_answer_400_in_a_child_server(child):
+    base = child.base
+    deep = ref_chain(950)  # crashed the process before, as response_format and as a named tool
+    tool = {"type": "function", "function": {"name": "deep", "parameters": deep}}
+    cases = [
+        ({"response_format": schema_format(deep)}, "deep"),
+        ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "deep"}}}, "deep"),
+        ({"response_format": {"type": "grammar", "grammar": lark_chain(3000)}}, str(MAX_GRAMMAR_RULES)),
+        ({"response_format": "NESTED"}, "body"),  # deeper than the JSON parser goes: 400 before any schema check
+    ]
+    nested = '{"type":"object","properties":{"x":' * 5000 + '{"type":"string"}' + "}}" * 5000
+    for body, fragment in cases:
+        text = json.dumps({"messages": USER, "max_tokens": 2, **body})
+        text = text.replace('"NESTED"', '{"type":"json_schema","json_schema":{"name":"x","schema":%s}}' % nested)
+        r = httpx.post(f"{base}{CHAT}", content=text, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 400, r.text[:300]
+        assert fragment in r.json()["error"]["message"]
+        assert child.process.poll() is None
+    inside = {"response_format": {"type": "grammar", "grammar": lark_chain(MAX_GRAMMAR_RULES - 2)}}
+    r = httpx.post(f"{base}{CHAT}", json={"messages": USER, "max_tokens": 2, **inside}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "x"
+    assert httpx.get(f"{base}/health", timeout=5).status_code == 200 and child.process.poll() is None
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def hostile_round(base: str) -> None:
+    """One of each kind of hostile request, each answered as it should be."""
+    json_header = {"content-type": "application/json"}
+    nested = '{"type":"json_schema","json_schema":{"name":"x","schema":%s}}' % (
+        '{"type":"object","properties":{"x":' * 5000 + '{"type":"string"}' + "}}" * 5000)
+    cases = [  # (body, status)
+        ({"messages": [{"role": "user", "content": "word " * 700_000}]}, 400),  # 3.5 MB, tokenised, too long
+        ({"messages": [{"role": "user", "content": "hi"}] * 9_000}, 400),
+        ({"stop": ["a"] * (MAX_STOPS + 1)}, 400), ({"stop": ["x" * (MAX_STOP_CHARS + 1)]}, 400),
+        ({"stop": ["a" * MAX_STOP_CHARS] * MAX_STOPS}, 200),
+        ({"response_format": schema_format(ref_chain(950))}, 400),
+        ({"response_format": {"type": "grammar", "grammar": lark_chain(3000)}}, 400),
+        ({"response_format": {"type": "grammar", "grammar": lark_chain(MAX_GRAMMAR_RULES - 2)}}, 200),
+        ({"response_format": {"type": "grammar", "grammar": 'start: a\na: "x" a'}}, 400),
+        ({"response_format": schema_format({"$ref": "#"})}, 400),
+        ({"response_format": "NESTED"}, 400),
+        ({"logit_bias": {"²": 1}}, 400),
+    ]
+    with httpx.Client(base_url=base, timeout=60) as client:
+        for body, status in cases:
+            text = json.dumps({"model": MODEL, "messages": USER, "max_tokens": 2, **body})
+            r = client.post(CHAT, content=text.replace('"NESTED"', nested), headers=json_header)
+            assert r.status_code == status, r.text[:300]
+        assert client.post(CHAT, content=b"[" * 100_000, headers=json_header).status_code == 400
+        assert client.post(CHAT, content=b" " * (5 << 20), headers=json_header).status_code == 413
+
+
+def test_rss_stays_flat_across_hostile_requests(child):
+    """The server keeps serving after each case, and its resident memory after three more rounds of
+    them is within 10% of where it was after a first round (by then caches and the heap have their
+    working size: this measures what is kept, not first touch; see CHILD_ENV)."""
+    hostile_round(child.base)
+    before = rss_kib(child.process.pid)
+    for _ in range(3):
+        hostile_round(child.base)
+    after = rss_kib(child.process.pid)
+    assert httpx.get(f"{child.base}/health", timeout=5).status_code == 200 and child.process.poll() is None
+    assert after <= 1.10 * before, (before, after)
 
 
 # --- bad input is a 400, never a 5xx -------------------------------------------------------------
@@ -138,6 +201,8 @@ BAD = [
     ({"response_format": schema_format({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
                                         "$ref": "#/$defs/a"})}, "matches no text"),
     ({"response_format": {"type": "regex", "regex": "[^\\s\\S]"}}, "matches no text"),
+    ({"response_format": {"type": "grammar", "grammar": 'start: a\na: "x" a'}}, "no finite derivation: rules 'start', 'a'"),
+    ({"response_format": {"type": "grammar", "grammar": 'start: "x" start | "y" start'}}, "no finite derivation"),
     ({"temperature": float("nan")}, "temperature"),
 ]
 
@@ -152,6 +217,28 @@ def test_bad_chat_input_is_400(api, body, fragment, stream):
     assert fragment in r.json()["error"]["message"] or r.json()["error"]["param"] == fragment
 
 
+LARK_FINITE = [  # (grammar, the rules that never terminate: [] when start derives a string, or no verdict)
+    ('start: a\na: "x" a', ["start", "a"]),
+    ('start: "x" start', ["start"]),
+    ('start: a\na: "x" a | "y"', []),
+    ('start: a\na: "x" a\n  | b\nb: b "q"', ["start", "a", "b"]),  # a continued alternative, a loop via b
+    ('start: a*\na: "x" a', []), ('start: a?\na: "x" a', []), ('start: [a]\na: "x" a', []),
+    ('start: a ~ 0..3\na: "x" a', []), ('start: a ~ 2\na: "x" a', ["start", "a"]),
+    ('start: a+\na: "x" a', ["start", "a"]), ('start: ("z" | a)\na: "x" a', []),
+    ('?start: a\n!a.2: "x" a // a comment\n%ignore " "', ["start", "a"]),
+    ('start[max_tokens=5]: A\nA: "a".."z" A', ["start", "A"]),
+    ('%import common.NUMBER\nstart: NUMBER', []), ('start: a -> alias\na: "x"', []),
+    ('%llguidance {}\nstart: <|im_end|> | %json {"type": "object"} | /[0-9]+/', []),
+    ('_sep{x}: x\nstart: _sep{start}', []),  # a template: beyond the analysis, left to llguidance
+    (lark_chain(3000).replace('r3000: "x"', 'r3000: r0 "x"'), ["start"] + [f"r{i}" for i in range(3001)]),
+]
+
+
+@pytest.mark.parametrize("grammar,endless", LARK_FINITE, ids=range(len(LARK_FINITE)))
+def test_grammars_without_a_finite_derivation_are_found(grammar, endless):
+    assert nonterminating(grammar) == endless
+
+
 @pytest.mark.parametrize("body", [{"echo": True}, {"best_of": 3}, {"suffix": "end"}])
 def test_unsupported_completion_fields_are_400(api, body):
     r = post(api, {"prompt": "Hi", "max_tokens": 2, **body}, TEXT)
@@ -163,10 +250,31 @@ def test_too_many_messages_is_400(api):
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
 
 
-def test_deeply_nested_body_is_400(api):
-    r = httpx.post(f"{api.base}{CHAT}", content=b"[" * 100_000 + b"]" * 100_000,
-                   headers={"content-type": "application/json"}, timeout=60)
-    assert r.status_code in (400, 422) and httpx.get(f"{api.base}/health", timeout=5).status_code == 200
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+                                  b'{"messages": ' + b"[" * 100_000, b'{"model": "\xff\xfe"}'],
+                         ids=["arrays", "objects", "unclosed", "not-utf8"])
+def test_a_body_that_is_not_readable_json_is_400(api, body):
+    r = httpx.post(f"{api.base}{CHAT}", content=body, headers={"content-type": "application/json"}, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["type"] == "invalid_request_error", r.text[:300]
+    assert error["message"].startswith("malformed JSON body: ")
+    assert "nested too deeply" in error["message"] or body.endswith(b'"}')
+    assert httpx.get(f"{api.base}/health", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("field", ["response_format", "tools", "stop", "logit_bias", "messages", "extra"])
+def test_deep_values_that_parse_are_400_not_500(api, field):
+    """Nested just inside what the JSON parser reads: each field's own check refuses it, nothing raises
+    RecursionError into a 500."""
+    deep = "[" * 900 + "]" * 900
+    values = {"response_format": '{"type": "json_schema", "json_schema": {"name": "x", "schema": {"x": %s}}}',
+              "tools": '[{"type": "function", "function": {"name": "f", "parameters": {"x": %s}}}]',
+              "stop": "%s", "logit_bias": '{"1": %s}', "messages": '[{"role": "user", "content": %s}]',
+              "extra": "%s"}
+    text = '{"model": "%s", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (
+        MODEL, field, values[field] % deep)
+    r = httpx.post(f"{api.base}{CHAT}", content=text, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code in ((200, 400) if field == "extra" else (400,)), r.text[:300]
 
 
 def test_chunked_body_over_the_limit_is_413(api):
@@ -265,20 +373,26 @@ def test_stop_hold_back_is_linear(embedded):
 
 @pytest.mark.parametrize("messages", [[{"role": "user", "content": "word " * 700_000}],
                                       [{"role": "user", "content": "hi"}] * 9_000], ids=["long", "many"])
-def test_health_stays_fast_while_a_large_prompt_is_tokenised(api, messages):
-    big = {"messages": messages, "max_tokens": 1}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(post, api, big)
-        worst = 0.0
-        while not pending.done():
-            t = time.perf_counter()
-            assert httpx.get(f"{api.base}/health", timeout=5).status_code == 200
-            worst = max(worst, time.perf_counter() - t)
-            time.sleep(0.05)
-        assert pending.result().status_code == 400  # longer than the context
-    # the goal is 0.5 s (9.3 s before); client, server and tokeniser share this process and, on a loaded
-    # two-core box, its cores: the bound keeps the margin that scheduling needs
-    assert worst < 2.0, worst
+def test_health_stays_fast_while_a_large_prompt_is_tokenised(child, messages):
+    """/health answers within 0.5 s while the server parses, renders and tokenises the largest prompt it
+    accepts (3.5 MB: 1.7 s of tokenising; the event loop stood still 9.3 s before the preparing
+    thread, 1.8 s before the tokeniser released the GIL). Served by the child, probed from here on one
+    connection; the big request repeats until 20 probes are in (measured: worst 0.03 s long, 0.3 s
+    many, on two shared cores). One probe may stall for scheduling (other processes on those cores):
+    the second-worst must meet the goal, the worst twice it."""
+    big = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1}).encode()
+    latencies: list[float] = []
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, httpx.Client(base_url=child.base, timeout=60) as client:
+        while len(latencies) < 20:
+            pending = pool.submit(client.post, CHAT, content=big, headers={"content-type": "application/json"})
+            while not pending.done():
+                t = time.perf_counter()
+                assert client.get("/health").status_code == 200
+                latencies.append(time.perf_counter() - t)
+                time.sleep(0.05)
+            assert pending.result().status_code == 400  # longer than the context
+    worst = sorted(latencies)[-2:]
+    assert worst[0] < 0.5 and worst[1] < 1.0, worst
 
 
 # --- roles cannot be forged -----------------------------------------------------------------------

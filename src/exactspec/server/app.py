@@ -24,7 +24,7 @@ from ..engine import Engine, GenerationResult
 from ..errors import ExactSpecError
 from ..spec.law import Matcher, Penalties, grammar_from_spec
 from ..spec.sampling import SamplingParams
-from .body_limit import BodyLimit
+from .body_limit import BodyLimit, unparsable
 from .history import for_template
 from .limits import MAX_BODY_BYTES, LimitError, check_constraint, check_stops, token_id
 from .metrics import Metrics
@@ -94,6 +94,8 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if (message := unparsable(error)) is not None:  # the body is not JSON we can read
+            return refuse(request, ApiError(400, message))
         return refuse(request, ApiError(error.status_code, str(error.detail), code=str(error.status_code)))
 
     def plan(body: GenerationRequest, prompt: str | list[dict], chat_template: bool | None, budget: int | None,

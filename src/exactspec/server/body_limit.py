@@ -10,6 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+TOO_DEEP = "malformed JSON body: its arrays and objects are nested too deeply to parse"
+
+
+def unparsable(error: Exception) -> str | None:
+    """The message for a body the JSON parser gave up on (FastAPI reports any such failure as a bare
+    "There was an error parsing the body"); None for other HTTP errors. A body nested deeper than
+    Python's recursion limit (`[` * 100000) raises RecursionError in the parser: caught there, a 400."""
+    cause = error.__cause__
+    if isinstance(cause, RecursionError):
+        return TOO_DEEP
+    if isinstance(cause, ValueError):  # e.g. UnicodeDecodeError
+        return f"malformed JSON body: {cause}"
+    return None
+
 
 class BodyLimit:
     """Wraps an ASGI app; `refuse(path)` -> (status, JSON body) of the answer to an oversized body."""

@@ -51,6 +51,7 @@ import torch
 
 from .interfaces import Proposal
 from ..errors import ExactSpecError
+from .lark_finite import nonterminating
 from .sampling import SamplingParams, warp
 
 # keywords of Engine.make_law (the rest of a request's sampling keywords go to SamplingParams)
@@ -108,8 +109,17 @@ def grammar_from_spec(spec) -> str | None:
         text = spec.get("grammar", spec.get("lark"))
         if not isinstance(text, str):
             raise ExactSpecError("a grammar constraint needs 'grammar': a Lark grammar as a string")
-        return _checked(llg.LLMatcher.grammar_from_lark(text), "grammar", strict=False)
+        grammar = _checked(llg.LLMatcher.grammar_from_lark(text), "grammar", strict=False)
+        if endless := nonterminating(text):  # llguidance compiles these, then allows "x" forever
+            raise ExactSpecError(f"invalid grammar: it has no finite derivation: {_endless(endless)}")
+        return grammar
     raise ExactSpecError(f"unknown constraint type {kind!r}: choose text, json_object, json_schema, regex or grammar")
+
+
+def _endless(rules: list[str]) -> str:
+    names = ", ".join(repr(name) for name in rules[:5]) + (", ..." if len(rules) > 5 else "")
+    return (f"rule {names} never terminates (every alternative needs it again)" if len(rules) == 1 else
+            f"rules {names} never terminate (every alternative of each needs one of them again)")
 
 
 def json_schema_grammar(schema: dict, strict: bool) -> str:
