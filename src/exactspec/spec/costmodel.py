@@ -197,13 +197,30 @@ def bucket(match: int | None) -> int:
 class Acceptance:
     """What the engine has learned about one drafter: per match-length bucket, a Beta posterior of the
     per-token acceptance α (accepted drafts are successes, the first rejection a failure), with
-    exponential forgetting. Shared by every request of an Engine (server, generate_batch, bench)."""
+    exponential forgetting. Shared by every request of an Engine (server, generate_batch, bench).
+
+    Proposals of different kinds are priced apart (`of(key)`): a copying drafter's key says where the
+    copy came from (the request's own context, or the store of earlier requests and siblings: the
+    latter may be a weaker witness at the same match length) and whether the row samples. At T = 0 a
+    copied token is kept when it is the argmax; at T > 0 it is kept with probability p(x), so a
+    sampled row's copy is accepted less often and its long proposals are worth less: each kind learns
+    its own α per match length, and auto γ and the auto drafter choose from the kind at hand."""
 
     def __init__(self, prior_alpha: float = 0.3, prior_strength: float = 4.0):
         priors = (prior_alpha, *COPY_PRIOR)
+        self.prior_alpha, self.prior_strength = prior_alpha, prior_strength
         self.successes = [a * prior_strength for a in priors]
         self.failures = [(1.0 - a) * prior_strength for a in priors]
         self.proposals = [0] * len(priors)
+        self.keyed: dict[object, Acceptance] = {}
+
+    def of(self, key: object = None) -> "Acceptance":
+        """The posterior of one kind of proposal (None: this one)."""
+        if key is None:
+            return self
+        if key not in self.keyed:
+            self.keyed[key] = Acceptance(self.prior_alpha, self.prior_strength)
+        return self.keyed[key]
 
     def alpha(self, match: int | None = None) -> float:
         b = bucket(match)
@@ -219,8 +236,12 @@ class Acceptance:
         self.proposals[b] += 1
 
     def to_dict(self) -> dict:
-        return {"bucket_edges": list(BUCKET_EDGES), "alpha": [self.alpha_of(b) for b in range(len(self.proposals))],
-                "proposals": list(self.proposals)}
+        out = {"bucket_edges": list(BUCKET_EDGES), "alpha": [self.alpha_of(b) for b in range(len(self.proposals))],
+               "proposals": list(self.proposals)}
+        if self.keyed:
+            out["by_kind"] = {"/".join(map(str, k)) if isinstance(k, tuple) else str(k): a.to_dict()
+                              for k, a in self.keyed.items()}
+        return out
 
     def alpha_of(self, b: int) -> float:
         return self.successes[b] / (self.successes[b] + self.failures[b])
@@ -258,16 +279,17 @@ class AutoGamma:
         """γ before drafting (model drafters: every row expects the same)."""
         return self.choose([(None, self.max_gamma)], batch)
 
-    def speedup(self, rows: list[tuple[int | None, int]], gamma: int, batch: int | None = None) -> float:
+    def speedup(self, rows: list[tuple], gamma: int, batch: int | None = None) -> float:
         """Predicted speed-up of one iteration of width γ over plain decoding, for rows of (match
-        length, tokens available to propose) in a batch of `batch` rows (default: these rows)."""
-        tokens = sum(expected_tokens(self.acceptance.alpha(m), min(gamma, avail)) for m, avail in rows)
+        length, tokens available to propose[, kind: see Acceptance.of]) in a batch of `batch` rows
+        (default: these rows)."""
+        tokens = sum(expected_tokens(self.acceptance.of(kind).alpha(m), min(gamma, avail)) for m, avail, kind in _kinds(rows))
         return tokens / len(rows) / self.cost.step_cost(gamma, batch or len(rows))
 
     def choose(self, rows: list[tuple[int | None, int]], batch: int | None = None) -> int:
         """The width γ (0 = plain) for one iteration; `rows`: (match length, proposal length) per row,
         in a batch of `batch` rows (default: these rows)."""
-        widest = min(max((avail for _, avail in rows), default=0), self.max_gamma)
+        widest = min(max((row[1] for row in rows), default=0), self.max_gamma)
         if widest <= 0:
             return 0
         gamma = max(range(widest + 1), key=lambda g: (self.speedup(rows, g, batch), -g))
@@ -283,13 +305,19 @@ class AutoGamma:
         """One iteration over k new tokens per row (the last context token and k-1 drafts) took `seconds`."""
         self.cost.observe_target(k, seconds, batch)
 
-    def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None) -> None:
-        """Outcome of one proposal; `draft_s` (its drafting time) refines the drafter's measured cost,
-        which a one-off measurement on a busy machine can get badly wrong."""
+    def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
+                kind: object = None) -> None:
+        """Outcome of one proposal (of `kind`, see Acceptance.of); `draft_s` (its drafting time) refines
+        the drafter's measured cost, which a one-off measurement on a busy machine can get badly wrong."""
         if proposed:
-            self.acceptance.observe(proposed, accepted, match)
+            self.acceptance.of(kind).observe(proposed, accepted, match)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s / proposed)
+
+
+def _kinds(rows: list[tuple]) -> list[tuple]:
+    """(match, available[, kind]) rows as (match, available, kind)."""
+    return [(row[0], row[1], row[2] if len(row) > 2 else None) for row in rows]
 
 
 def measure_drafter(drafter, vocab_size: int, params, k: int = 4, context: int = 100, reps: int = 5) -> float:

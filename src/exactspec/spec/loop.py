@@ -181,7 +181,7 @@ class BatchDecoder:
         if row.drafter is not None and k > d.forced:  # the drafter's own part (after the forced tokens)
             row.drafter.observe(k - d.forced, max(0, n - d.forced))
             if isinstance(row.gamma, AutoGamma):
-                row.gamma.observe(k - d.forced, max(0, n - d.forced), d.seconds, d.match)
+                row.gamma.observe(k - d.forced, max(0, n - d.forced), d.seconds, d.match, d.kind)
         emitted = emitted[: row.max_new_tokens - row.produced]
         eos = self.target.eos_token_ids if self.stop_on_eos else ()
         eos_at = next((i for i, t in enumerate(emitted) if t in eos), None)

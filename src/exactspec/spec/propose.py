@@ -52,7 +52,7 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
         cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
         fixed = not isinstance(row.gamma, AutoGamma)
         if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None):
-            proposals.append((None, 0, 0.0))
+            proposals.append((None, 0, 0.0, None))
             continue
         t = time.perf_counter()
         key = (id(row.gamma), copying(row.drafter, row.gamma))  # auto is asked once per policy
@@ -62,24 +62,33 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
             proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
         except Exception as e:  # a drafter's or a grammar's failure: this row alone fails (no drafts)
             row.error, proposal, forced = e, None, 0
-        proposals.append((proposal, forced, time.perf_counter() - t))
+        proposals.append((proposal, forced, time.perf_counter() - t, kind(row)))
     widths = _copy_widths(rows, proposals)
     drafts = []
-    for row, (proposal, forced, seconds) in zip(rows, proposals):
+    for row, (proposal, forced, seconds, sort) in zip(rows, proposals):
         if proposal is not None and copying(row.drafter, row.gamma):
             proposal = proposal.head(forced + widths[id(row.gamma)])
         if proposal is None or len(proposal) == 0:
             drafts.append(Draft([], None, 0, 0, seconds))
         else:
-            drafts.append(Draft(proposal.ids.tolist(), proposal.probs, forced, proposal.match, seconds))
+            drafts.append(Draft(proposal.ids.tolist(), proposal.probs, forced, proposal.match, seconds, sort))
     return drafts
 
 
-def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float]]) -> dict[int, int]:
+def kind(row: Row) -> tuple | None:
+    """What auto γ prices a copying drafter's proposal by, besides its match length: where the copy
+    came from (the drafter's `source`: its own context unless it says otherwise) and whether the row
+    samples (costmodel.Acceptance)."""
+    if not getattr(row.drafter, "copies", False):
+        return None
+    return (getattr(row.drafter, "source", None) or "context", "sampled" if not row.params.greedy else "greedy")
+
+
+def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]]) -> dict[int, int]:
     """Per auto policy of copying drafters: the one width of the drafter's part its rows are cut to."""
     members = {}
-    for row, (proposal, forced, _) in zip(rows, proposals):
+    for row, (proposal, forced, _, sort) in zip(rows, proposals):
         if copying(row.drafter, row.gamma):
             members.setdefault(id(row.gamma), (row.gamma, []))[1].append(
-                (proposal.match, len(proposal) - forced) if proposal is not None else (None, 0))
+                (proposal.match, len(proposal) - forced, sort) if proposal is not None else (None, 0, None))
     return {key: policy.choose(found, len(rows)) for key, (policy, found) in members.items()}

@@ -52,3 +52,4 @@ class Draft(NamedTuple):
     forced: int  # how many lead ids are grammar-forced
     match: int  # copying drafters: the match length behind the proposal (auto γ's evidence)
     seconds: float  # time spent drafting
+    kind: object = None  # copying drafters: (source, sampled) of the copy (costmodel.Acceptance.of)
