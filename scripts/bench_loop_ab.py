@@ -1,8 +1,10 @@
-"""A/B speed of the decode loop at B = 1 between two commits, interleaved in ONE run.
+"""A/B speed of the decode loop between two commits, interleaved in ONE run: at B = 1, and batched.
 
 Each commit is checked out into a temporary worktree and served by a worker process (PYTHONPATH = that
 worktree's src) that loads the engine once per backend and runs what `exactspec bench` runs for a row
-(`bench.runner.exactspec_method`: prefill + decode of one prompt, timed). The driver sends every run to
+(`bench.runner.exactspec_method`: prefill + decode of one prompt, timed), or, with `--batch B`, what
+`exactspec generate --num-samples B` runs (`Engine.generate_batch(prompt, n=B)`: B rows of one batch,
+prefill + decode, timed; B = 1 stays the one-prompt path). The driver sends every run to
 every worker back to back, the worker order rotating run by run, so machine noise (other jobs on the
 cores) falls on both commits alike. A second worker on the OLD commit ("old'") measures the noise band:
 old'/old is what a ratio looks like when nothing changed. Every worker gets the same request sequence,
@@ -10,7 +12,8 @@ so auto γ learns the same things in each; at T = 0 (and at T = 1 with a fixed �
 outputs of both commits must be identical, and the script says where they are not.
 
     .venv/bin/python scripts/bench_loop_ab.py OLD NEW [--backends torch,llama.cpp] [--workloads grounded,edit]
-        [--temperatures 0,1] [--gammas 4,auto] [--prompts 2] [--reps 2] [--max-new-tokens 48] [--json FILE]
+        [--temperatures 0,1] [--gammas 4,auto] [--batch 1,4,8] [--prompts 2] [--reps 2] [--max-new-tokens 48]
+        [--json FILE]
 
 Ratios are NEW tokens/s over OLD tokens/s per row (prompts summed within a repetition, then the median
 over repetitions); > 1 means NEW is faster.
@@ -29,15 +32,15 @@ import tempfile
 import time
 
 WORKER = r"""
-import json, os, sys
+import json, os, sys, time
 out = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)  # anything else the libraries print goes to stderr
 from exactspec.bench.runner import exactspec_method
 from exactspec.bench.workloads import load_cases
-from exactspec.engine import load
+from exactspec.engine import load  # these names exist in every commit compared (a755351 on)
 from exactspec import SamplingParams  # the public name: the same in every commit
 
-engines, prompts = {}, {}
+engines, prompts, texts = {}, {}, {}
 for line in sys.stdin:
     req = json.loads(line)
     backend = req["backend"]
@@ -47,7 +50,16 @@ for line in sys.stdin:
     engine = engines[backend]
     key = (backend, req["workload"])
     if key not in prompts:
-        prompts[key] = [engine.encode(c.prompt) for c in load_cases(req["workload"])]
+        texts[key] = [c.prompt for c in load_cases(req["workload"])]
+        prompts[key] = [engine.encode(text) for text in texts[key]]
+    if req.get("batch", 1) > 1:  # B rows of one batch: the prompt's B samples (seeds seed .. seed + B - 1)
+        t = time.perf_counter()
+        results, _ = engine.generate_batch(texts[key][req["prompt"]], n=req["batch"], max_new_tokens=req["max_new_tokens"],
+                                           seed=req["seed"], gamma=req["gamma"], draft=req["drafter"],
+                                           temperature=req["temperature"])
+        seconds, ids = time.perf_counter() - t, [r.token_ids for r in results]
+        out.write(json.dumps({"tokens": sum(map(len, ids)), "seconds": seconds, "ids": ids}) + "\n")
+        continue
     method = exactspec_method(engine, req["drafter"], req["gamma"])
     ids, seconds, _ = method.run(prompts[key][req["prompt"]], SamplingParams(temperature=req["temperature"]),
                                  req["max_new_tokens"], req["seed"], None)
@@ -90,6 +102,7 @@ def main() -> int:
     p.add_argument("--workloads", default="grounded,edit")
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--gammas", default="4,auto", help="comma list of γ (integers or auto); drafter prompt lookup")
+    p.add_argument("--batch", default="1", help="comma list of batch sizes B: B > 1 runs generate_batch(n=B)")
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -123,21 +136,24 @@ def main() -> int:
 
 
 def drive(workers: list[Worker], args, runs: list[dict]) -> None:
-    """Every (rep, backend, workload, prompt, T, γ) run on every worker, back to back, order rotating."""
+    """Every (rep, backend, workload, prompt, T, γ, B) run on every worker, back to back, order rotating."""
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
+    batches = [int(b) for b in args.batch.split(",")]
     grid = list(itertools.product(range(args.reps), args.backends.split(","), args.workloads.split(","),
-                                  range(args.prompts), temperatures, gammas))
+                                  range(args.prompts), temperatures, gammas, batches))
     for backend, workload in itertools.product(args.backends.split(","), args.workloads.split(",")):
-        warm = dict(backend=backend, workload=workload, prompt=0, temperature=0.0, gamma=gammas[0],
-                    drafter="prompt-lookup", max_new_tokens=8, seed=0, threads=args.threads, dtype=args.dtype)
-        for w in workers:  # load, measure T(k), first prefill: outside every timing
-            w.run(warm)
+        for batch in sorted({1, max(batches)}):
+            warm = dict(backend=backend, workload=workload, prompt=0, temperature=0.0, gamma=gammas[0],
+                        drafter="prompt-lookup", max_new_tokens=8, seed=0, threads=args.threads, dtype=args.dtype,
+                        batch=batch)
+            for w in workers:  # load, measure T(k), first prefill (and first batch): outside every timing
+                w.run(warm)
     start = time.perf_counter()
-    for i, (rep, backend, workload, prompt, temperature, gamma) in enumerate(grid):
+    for i, (rep, backend, workload, prompt, temperature, gamma, batch) in enumerate(grid):
         request = dict(backend=backend, workload=workload, prompt=prompt, temperature=temperature, gamma=gamma,
                        drafter="prompt-lookup", max_new_tokens=args.max_new_tokens, seed=1000 * rep + prompt,
-                       threads=args.threads, dtype=args.dtype)
+                       threads=args.threads, dtype=args.dtype, batch=batch)
         for w in workers[i % len(workers):] + workers[: i % len(workers)]:
             runs.append({**request, "rep": rep, "worker": w.name, **w.run(request)})
         if i % 10 == 9:
@@ -149,22 +165,22 @@ def report(runs: list[dict], names: list[str], args) -> list[dict]:
     """Per row: tokens/s of each worker (median over reps of prompts summed), NEW/OLD and OLD'/OLD."""
     rows = {}
     for r in runs:
-        key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]))
+        key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]), r["batch"])
         cell = rows.setdefault(key, {}).setdefault(r["worker"], {}).setdefault(r["rep"], [0, 0.0])
         cell[0] += r["tokens"]
         cell[1] += r["seconds"]
     identical = {}
     for r in runs:  # NEW's tokens == OLD's, run by run
         if r["worker"] == "new":
-            same_run = ("backend", "workload", "temperature", "gamma", "prompt", "rep")
+            same_run = ("backend", "workload", "temperature", "gamma", "batch", "prompt", "rep")
             old = next((o for o in runs if o["worker"] == "old" and all(o[k] == r[k] for k in same_run)), None)
             if old is None:  # interrupted before OLD's run of this one
                 continue
-            key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]))
+            key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]), r["batch"])
             identical[key] = identical.get(key, True) and old["ids"] == r["ids"]
     table = []
     control_head = "" if "old'" not in names else "  " + "old'/old".rjust(8)
-    print(f"\n{'backend':9s} {'workload':8s} {'T':>3s} {'γ':>4s}  " + "  ".join(f"{n + ' tok/s':>11s}" for n in names)
+    print(f"\n{'backend':9s} {'workload':8s} {'T':>3s} {'γ':>4s} {'B':>2s}  " + "  ".join(f"{n + ' tok/s':>11s}" for n in names)
           + f"  {'new/old':>8s}" + control_head + "  same tokens")
     for key, cells in rows.items():
         if any(n not in cells for n in names):
@@ -173,11 +189,11 @@ def report(runs: list[dict], names: list[str], args) -> list[dict]:
         reps = [rep for rep in tps["old"] if all(rep in tps[n] for n in names)]
         ratio = statistics.median(tps["new"][rep] / tps["old"][rep] for rep in reps)
         control = statistics.median(tps["old'"][rep] / tps["old"][rep] for rep in reps) if "old'" in names else None
-        row = dict(backend=key[0], workload=key[1], temperature=key[2], gamma=key[3],
+        row = dict(backend=key[0], workload=key[1], temperature=key[2], gamma=key[3], batch=key[4],
                    tokens_per_s={n: statistics.median(tps[n].values()) for n in names}, new_over_old=ratio,
                    control_over_old=control, identical=identical.get(key, True))
         table.append(row)
-        print(f"{key[0]:9s} {key[1]:8s} {key[2]:3g} {key[3]:>4s}  "
+        print(f"{key[0]:9s} {key[1]:8s} {key[2]:3g} {key[3]:>4s} {key[4]:2d}  "
               + "  ".join(f"{row['tokens_per_s'][n]:11.1f}" for n in names) + f"  {ratio:8.3f}"
               + ("" if control is None else f"  {control:8.3f}") + f"  {'yes' if row['identical'] else 'NO'}")
     ratios = [r["new_over_old"] for r in table]

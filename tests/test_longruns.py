@@ -165,7 +165,7 @@ def test_engine_keeps_what_it_learned_across_requests(tiny_target):
     """Acceptance by match length and T(k) live on the Engine: the second request's policy starts from
     the first one's history (server, generate_batch and bench all go through `drafting`)."""
     engine = Engine(tiny_target, None, "prompt-lookup", "auto")
-    engine._target_costs, engine._target_observations = [0.01 * (1 + 0.5 * k) for k in range(33)], [0] * 33
+    engine.drafts._target_costs, engine.drafts._target_observations = [0.01 * (1 + 0.5 * k) for k in range(33)], [0] * 33
     _, first = engine.drafting("auto")
     for _ in range(10):
         first.observe(32, 32, match=40)

@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-import exactspec.engine
+import exactspec.drafting
 from exactspec.engine import GenerationResult
 from exactspec.errors import ExactSpecError
 from exactspec.server import create_app
@@ -413,9 +413,9 @@ def test_concurrent_mixed_requests_share_batches_exactly(server, monkeypatch):
     each is exactly what it is alone, and the counters add up. The "auto" request joins while the
     batch runs and finds the target's speed unmeasured: measuring it must not disturb the batch."""
     engine, refs = server.app.state.engine, server.refs
-    monkeypatch.setattr(engine, "_target_costs", None)
-    quick = functools.partial(exactspec.engine.measure_target, context=20, reps=1)  # it still resets the cache
-    monkeypatch.setattr(exactspec.engine, "measure_target", quick)
+    monkeypatch.setattr(engine.drafts, "_target_costs", None)
+    quick = functools.partial(exactspec.drafting.measure_target, context=20, reps=1)  # it still resets the cache
+    monkeypatch.setattr(exactspec.drafting, "measure_target", quick)
     text = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0}
     chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12}
     first = (TEXT, {**text, "prompt": COUNTING_PROMPT, "max_tokens": 30, "gamma": 2}, [refs.counting])

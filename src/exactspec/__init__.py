@@ -12,7 +12,7 @@ from ._version import __version__
 _EXPORTS = {
     "decode": ".spec.loop", "Drafter": ".spec.interfaces", "Proposal": ".spec.interfaces", "ModelDrafter": ".drafters.model",
     "NGramDrafter": ".drafters.ngram", "PromptLookupDrafter": ".drafters.suffix", "Engine": ".engine",
-    "GenerationResult": ".engine", "load": ".engine", "ExactSpecError": ".errors", "SamplingParams": ".spec.sampling",
+    "GenerationResult": ".generation", "load": ".engine", "ExactSpecError": ".errors", "SamplingParams": ".spec.sampling",
     "warp": ".spec.sampling", "Stats": ".stats", "verify": ".spec.verify", "verify_with_uniforms": ".spec.verify",
 }
 

@@ -45,3 +45,19 @@ def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
 
 def _render(tokenizer, messages: list[dict]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompt(tokenizer, prompt: str | list[dict], chat_template: bool) -> list[int]:
+    """A user prompt (or a list of chat messages, which always go through the chat template) -> prompt
+    token ids. Through the chat template, message content is never parsed for special tokens; a raw
+    prompt is."""
+    use_chat = chat_template
+    if isinstance(prompt, list):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ExactSpecError("this model has no chat template: pass a plain prompt")
+        use_chat, messages = True, prompt
+    else:
+        messages = [{"role": "user", "content": prompt}]
+    if use_chat:  # message content is text: a special token's text in it is not that token
+        return encode_chat(tokenizer, messages)
+    return tokenizer.encode(prompt)

@@ -189,7 +189,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine import check_gamma
+    from .drafting import check_gamma
     from .spec.sampling import SamplingParams
 
     prompt = read_prompt(args)

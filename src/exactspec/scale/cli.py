@@ -49,7 +49,7 @@ def _check_target(args: argparse.Namespace) -> None:
     """Refuse missing paths here, before Ray starts anything (a replica that cannot load retries forever)."""
     import os
 
-    from ..engine import DRAFT_NAMES
+    from ..drafting import DRAFT_NAMES
 
     if args.target and not os.path.exists(args.target):
         raise ExactSpecError(f"model path not found: {args.target}")
@@ -109,7 +109,7 @@ def add_batch_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    from ..engine import check_gamma
+    from ..drafting import check_gamma
     from . import batch
 
     args.gamma = check_gamma(args.gamma)

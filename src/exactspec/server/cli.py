@@ -43,7 +43,7 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, load the engine, then serve until interrupted."""
     from ..cli_common import load_engine, warm_up
-    from ..engine import check_gamma
+    from ..drafting import check_gamma
 
     args.gamma = check_gamma(args.gamma)
     if args.max_rows < 1:

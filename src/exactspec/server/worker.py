@@ -13,7 +13,7 @@ seed, so its output is exactly what it would be alone. A row leaves when it is d
 string, or its consumer stops listening (client gone, request cancelled: the job's cancel flag).
 
 Failures stay local: an exception while setting up a job, in its own row's work (its law, its
-grammar, see decode_batch.py) or in its detokenisation, goes to that job only; an exception in the
+grammar, see spec/loop.py) or in its detokenisation, goes to that job only; an exception in the
 batched forward itself fails the rows of that batch, and the worker goes on with the queue. Targets without a batched cache, and draft models, run one job at a time instead.
 """
 
@@ -27,28 +27,42 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
 
+from ..engine import Engine
+from ..generation import GenerationResult, Request
 from ..spec.loop import BatchDecoder, Row
-from ..engine import Engine, GenerationResult, seeded, split_sampling
-from ..errors import ExactSpecError
 from .metrics import Metrics
 from .offload import start_with_large_stack
 
 Emit = Callable[[tuple[str, object]], None]
-NOT_SAMPLING = ("max_new_tokens", "stop", "seed", "gamma", "draft", "chat_template")
 
 
 def _batchable(entry: list["_Slot"]) -> bool:
     """Lenient (lossy) requests decode alone, through the one-sequence loop (see Engine.generate_batch)."""
-    return all(slot.job.options.get("lenience", 1) == 1 for slot in entry)
+    return all(slot.job.lenience == 1 for slot in entry)
 
 
 @dataclass
 class Job:
-    """One sample: the result to fill (it carries the prompt token ids) and `Engine.stream` keywords."""
+    """One sample: the result to fill (it carries the prompt token ids) and what it asks for: a
+    prepared `Request` (the app's: a request's samples share it, its constraint compiled once) and
+    its seed, or `Engine.request` keywords with "seed"."""
 
     result: GenerationResult
-    options: dict
+    options: Request | dict
     cancel: threading.Event = field(default_factory=threading.Event)
+    seed: int | None = None
+
+    @property
+    def lenience(self) -> float:
+        return self.options.params.lenience if isinstance(self.options, Request) else self.options.get("lenience", 1)
+
+    def request(self, engine: Engine) -> tuple[Request, int | None]:
+        """(its Request, its seed): the prepared one, or one built by the engine from the keywords."""
+        if isinstance(self.options, Request):
+            return self.options, self.seed
+        options = dict(self.options)
+        seed = options.pop("seed", self.seed)
+        return engine.request(**options), seed
 
 
 @dataclass
@@ -68,6 +82,7 @@ class _Slot:
 
     job: Job
     emit: Emit
+    request: Request | None = None  # set when its row is built
     sent: int = 0
     tokens_sent: int = 0
     closed: bool = False  # its last event ("done" or "error") is sent
@@ -218,7 +233,8 @@ class Worker:
         if self._cancelled(job):  # its client left while it was queued
             self.metrics.cancelled.inc()
             return
-        pieces = self.engine.stream("", result=job.result, **job.options)
+        request, seed = job.request(self.engine)
+        pieces = self.engine.stream("", result=job.result, request=request, seed=seed)
         cancelled = False
         try:
             for piece in pieces:
@@ -268,17 +284,10 @@ class Worker:
                 self._close(row.key, ("error", e))
 
     def _row(self, decoder: BatchDecoder, slot: _Slot) -> Row:
-        """The job's row, set up as `Engine.stream_ids` sets up a lone generation."""
-        engine, options, result = self.engine, slot.job.options, slot.job.result
-        max_new_tokens = options.get("max_new_tokens", 256)
-        if max_new_tokens <= 0:
-            raise ExactSpecError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        params, law_options = split_sampling({k: v for k, v in options.items() if k not in NOT_SAMPLING})
-        law = engine.make_law(result, params, **law_options)
+        """The job's row, built by the engine as it builds every generation's (`Engine.rows`)."""
+        slot.request, seed = slot.job.request(self.engine)
         with decoder.lend():  # "auto"'s first measurement of the target's speed resets its cache
-            drafter, gamma = engine.drafting(options.get("gamma"), options.get("draft"))
-        return Row(slot, result.prompt_token_ids, drafter, params, gamma, max_new_tokens,
-                   seeded(options.get("seed")), result.stats, law)
+            return self.engine.rows(slot.request, [slot.job.result], [seed], keys=[slot])[0]
 
     def _deliver(self, row: Row, tokens: list[int]) -> None:
         """Send a row's new text; end its job when it is done, stopped, cancelled or failing."""
@@ -291,8 +300,8 @@ class Worker:
             self._end(slot, cancelled=True)
             return
         try:
-            piece, stopped = self.engine.append_tokens(slot.job.result, tokens, slot.job.options.get("stop"),
-                                                       slot.sent, final=row.done)
+            piece, stopped = self.engine.append_tokens(slot.job.result, tokens, slot.request.stop, slot.sent,
+                                                       final=row.done)
         except Exception as e:  # this job's detokenisation failed: it alone fails
             row.cancelled = True
             self._close(slot, ("error", e))

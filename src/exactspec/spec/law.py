@@ -44,6 +44,7 @@ negative logits of every token in prompt + generated text; `presence_penalty` an
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -149,8 +150,6 @@ def _one_line(message: str) -> str:
 def llg_tokenizer(tokenizer, vocab_size: int, eos_token_ids: set[int]):
     """An llguidance tokenizer over a Hugging Face fast tokenizer, or over the `tokenizer.json` a
     LightTokenizer holds (what llguidance's own helper serializes) (~0.5 s: build once per engine)."""
-    import copy
-
     import llguidance
 
     from ..models.light_tokenizer import LightTokenizer
@@ -244,6 +243,13 @@ class Matcher:
     def done(self) -> bool:
         """The grammar is complete and allows nothing but EOS."""
         return self.m.is_stopped()
+
+    def copy(self) -> "Matcher":
+        """A matcher at this one's state that shares its compiled grammar: a request's samples each
+        get one of the request's template, the grammar compiled once."""
+        twin = copy.copy(self)
+        twin.m = self.m.deep_copy()
+        return twin
 
 
 # --- the law ------------------------------------------------------------------------------------

@@ -260,6 +260,40 @@ def _compact(still: list[int]) -> list[int]:
     return [j if j in kept else tail.pop() for j in range(len(still))]
 
 
+def decode_rows(target: CausalLM, rows: list[Row], batch_stats: Stats | None = None, stop_on_eos: bool = True,
+                verifier: Verifier = verify) -> Iterator[tuple[Row, list[int]]]:
+    """Decode `rows` as one batch: yield (row, tokens) each time a row accepts tokens; the caller sets
+    `row.cancelled` to end a row early. A row's error is raised. `batch_stats` gets the batch's
+    prefill and decode time, its batched target calls and the rows' counters summed."""
+    batch_stats = batch_stats if batch_stats is not None else Stats()
+    decoder = BatchDecoder(target, stop_on_eos, verifier, batch_stats)
+    decoder.start(rows)
+    t_start = time.perf_counter()
+    while decoder.rows:
+        for row, tokens in decoder.step():
+            if row.error is not None:
+                raise row.error
+            yield row, tokens
+    batch_stats.decode_s += time.perf_counter() - t_start
+    _sum_rows_into(batch_stats, [row.stats for row in rows])
+
+
+def decode_row(target: CausalLM, row: Row, stop_on_eos: bool = True, verifier: Verifier = verify) -> Iterator[int]:
+    """One generation, a batch of one: yield its token ids as they are accepted (EOS included). The
+    caller may stop early (stop strings) by closing the iterator; the row's error is raised."""
+    decoder = BatchDecoder(target, stop_on_eos, verifier)
+    decoder.start([row])
+    try:
+        while decoder.rows and row.max_new_tokens > 0:
+            for _, tokens in decoder.step():
+                yield from tokens
+            if row.error is not None:  # its law is not a distribution, a grammar dead end, ...: it has left
+                raise row.error
+    except GeneratorExit:  # the caller stopped early (stop string, client gone): the cache is consistent
+        remember(target, row.context, len(row.prompt))
+        raise
+
+
 def decode_batch(
     target: CausalLM,
     drafters: list[Drafter | None],
@@ -278,24 +312,14 @@ def decode_batch(
     """Yield (row, tokens) each time a row accepts tokens. A row stops at EOS, max_new_tokens, the
     context limit, or when the caller adds its index to `cancelled`. An AutoGamma policy chooses one
     γ per iteration for the whole batch, priced by the batched T(B, k), and learns from every row's outcome."""
-    n_rows = len(prompts)
-    row_stats = row_stats if row_stats is not None else [Stats() for _ in range(n_rows)]
-    batch_stats = batch_stats if batch_stats is not None else Stats()
+    row_stats = row_stats if row_stats is not None else [Stats() for _ in prompts]
     cancelled = cancelled if cancelled is not None else set()
-    decoder = BatchDecoder(target, stop_on_eos, verifier, batch_stats)
-    laws = laws if laws is not None else [None] * n_rows
-    decoder.start([Row(r, prompts[r], drafters[r], params, gamma, max_new_tokens, generators[r], row_stats[r], laws[r])
-                   for r in range(n_rows)])
-    t_start = time.perf_counter()
-    while decoder.rows:
-        for row, tokens in decoder.step():
-            if row.error is not None:
-                raise row.error
-            yield row.key, tokens
-            row.cancelled = row.key in cancelled
-    batch_stats.decode_s += time.perf_counter() - t_start
-    _sum_rows_into(batch_stats, row_stats)
-
+    laws = laws if laws is not None else [None] * len(prompts)
+    rows = [Row(r, prompts[r], drafters[r], params, gamma, max_new_tokens, generators[r], row_stats[r], laws[r])
+            for r in range(len(prompts))]
+    for row, tokens in decode_rows(target, rows, batch_stats, stop_on_eos, verifier):
+        yield row.key, tokens
+        row.cancelled = row.key in cancelled
 
 
 def decode(
@@ -319,17 +343,7 @@ def decode(
     `verifier`: the speculative-sampling rule (tests inject broken ones as negative controls)."""
     row = Row(0, prompt_ids, drafter, params, gamma, max_new_tokens, generator,
               stats if stats is not None else Stats(), law)
-    decoder = BatchDecoder(target, stop_on_eos, verifier)
-    decoder.start([row])
-    try:
-        while decoder.rows and max_new_tokens > 0:
-            for _, tokens in decoder.step():
-                yield from tokens
-            if row.error is not None:  # its law is not a distribution, a grammar dead end, ...: it has left
-                raise row.error
-    except GeneratorExit:  # the caller stopped early (stop string, client gone): the cache is consistent
-        remember(target, row.context, len(prompt_ids))
-        raise
+    yield from decode_row(target, row, stop_on_eos, verifier)
 
 
 def _sum_rows_into(batch_stats: Stats, row_stats: list[Stats]) -> None:

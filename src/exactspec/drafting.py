@@ -1,0 +1,123 @@
+"""An engine's drafters and γ policies: which drafter a name means, and what auto γ and the auto
+drafter learn across requests (the target's T(k) and T(B, k), each drafter's cost and acceptance,
+the bandit). The engine owns one `Drafting`; every generation asks it for a fresh drafter and a policy."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .drafters.auto import AutoDrafter, DraftBandit
+from .drafters.model import ModelDrafter
+from .drafters.ngram import NGramDrafter
+from .drafters.suffix import PromptLookupDrafter
+from .drafters.source import read_source
+from .errors import ExactSpecError
+from .models.seq2seq import Seq2SeqLM
+from .spec.costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
+from .spec.interfaces import CausalLM, Drafter
+from .spec.sampling import SamplingParams
+from .stats import Stats
+
+DRAFT_NAMES = ("prompt-lookup", "bigram", "unigram", "auto", "none")
+AUTO_ARMS = ("prompt-lookup", "bigram")  # plus the draft model, when the engine has one
+
+
+def check_gamma(gamma: int | str) -> int | str:
+    """γ is an integer >= 0 (an int or its digits) or "auto"."""
+    if gamma == "auto":
+        return gamma
+    valid = isinstance(gamma, int) and not isinstance(gamma, bool) or isinstance(gamma, str) and gamma.isdigit()
+    if not valid or int(gamma) < 0:
+        raise ExactSpecError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
+    return int(gamma)
+
+
+class Drafting:
+    """Drafters by name over one target (and draft model), and the state auto γ / auto draft keep."""
+
+    def __init__(self, target: CausalLM, draft_model: CausalLM | None = None, prior_alpha: float = 0.3):
+        self.target, self.draft_model = target, draft_model
+        self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
+        self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
+        self._target_observations: list[int] = []
+        self._batch_costs = BatchCosts()  # T(B, k), refined by batched auto-gamma iterations
+        self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
+        self._acceptance: dict[str, Acceptance] = {}  # per drafter: α by match length, across requests
+        self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
+
+    def make(self, draft: str) -> Drafter | None:
+        """A fresh drafter (drafters hold per-request state); None for "none"."""
+        if draft == "none":
+            return None
+        if draft == "prompt-lookup":
+            return PromptLookupDrafter()
+        if draft in ("bigram", "unigram"):
+            return NGramDrafter(self.target.vocab_size, order=2 if draft == "bigram" else 1)
+        if draft == "model" and self.draft_model is not None:
+            return ModelDrafter(self.draft_model)
+        if draft == "auto":
+            arms = AUTO_ARMS + (("model",) if self.draft_model is not None else ())
+            return AutoDrafter(self.bandit(), {name: self.make(name) for name in arms})
+        raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
+
+    def bandit(self) -> DraftBandit:
+        """The `auto` drafter's knowledge (acceptance and cost per drafter), over the target's T(k)."""
+        if self._bandit is None:
+            self.cost_model("none")  # measures T(k) once (shared by every cost model)
+            self._bandit = DraftBandit(self._target_costs)
+        return self._bandit
+
+    def uses_draft_model(self, draft: str) -> bool:
+        """Whether generations with `draft` run the draft model (one sequence at a time: it has one cache)."""
+        return draft == "model" or (draft == "auto" and self.draft_model is not None)
+
+    def cost_model(self, draft: str, max_gamma: int = MAX_AUTO_GAMMA) -> CostModel:
+        """The target's T(k) and T(B, k) (measured once, refined by every auto-gamma iteration: they are
+        shared by every drafter's cost model) and the drafter's time per token (measured once per
+        drafter, then refined by its auto-gamma proposals)."""
+        if isinstance(self.target, Seq2SeqLM) and (self._target_costs is None or draft not in self._costs):
+            self.set_source(torch.randint(0, self.target.vocab_size, (64,),
+                                          generator=torch.Generator().manual_seed(0)).tolist())
+        if self._target_costs is None:
+            self._target_costs = measure_target(self.target, max_k=max_gamma + 1)
+            self._target_observations = [0] * len(self._target_costs)
+        if draft not in self._costs:
+            drafter = self.make(draft)
+            draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
+                                                                  SamplingParams(temperature=1.0))
+            self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations,
+                                           batch=self._batch_costs)
+        return self._costs[draft]
+
+    def acceptance(self, draft: str) -> Acceptance:
+        """What auto γ has learned about a drafter's acceptance (by match length), kept across requests."""
+        if draft not in self._acceptance:
+            self._acceptance[draft] = Acceptance(self.prior_alpha)
+        return self._acceptance[draft]
+
+    def policy(self, gamma: int | str, draft: str) -> tuple[Drafter | None, int | AutoGamma]:
+        """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over the cost
+        model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, is plain decoding)."""
+        drafter = self.make(draft) if gamma != 0 else None
+        if gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
+            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft)) if drafter is not None else 1
+        return drafter, gamma
+
+    def set_source(self, source_ids: list[int]) -> None:
+        """Encoder-decoder pair: run the target's (and the draft model's) encoder over the source."""
+        self.target.set_source(source_ids)
+        if self.draft_model is not None:
+            self.draft_model.set_source(source_ids)
+
+    def read_source(self, source_ids: list[int], drafter: Drafter | None,
+                    stats: Stats) -> tuple[Drafter | None, list[int]]:
+        """Encoder-decoder generation: the encoders read the source (timed as prefill), and so do the
+        context drafters; -> (the drafter, the decoder's prompt: its start tokens)."""
+        t = time.perf_counter()
+        self.set_source(source_ids)
+        stats.prefill_s += time.perf_counter() - t
+        if drafter is not None:
+            drafter = read_source(drafter, source_ids, len(self.target.decoder_prompt), self.target.eos_token_ids)
+        return drafter, self.target.decoder_prompt

@@ -1,0 +1,157 @@
+"""Loading: a checkpoint (directory or GGUF) -> the target adapter, its tokenizer, the draft model, and
+where and in which dtype they compute. `engine.load` and `engine.llamacpp_engine` wrap these in an
+`Engine`; this module does not know the Engine (no import cycle)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .device import cpu_name, describe, resolve_device, resolve_dtype
+from .drafting import DRAFT_NAMES
+from .embedded import embedded_model_path
+from .errors import ExactSpecError
+from .models import fast_llama
+from .models.layouts import Choice, choose_layout, layout_named
+from .models.seq2seq import Seq2SeqLM, is_encoder_decoder, load_seq2seq_model
+from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
+from .spec.interfaces import CausalLM
+
+
+@dataclass
+class Loaded:
+    """What a load produced: models, tokenizer, the drafter name ("model" when a draft model was
+    loaded), and the placement `Engine.runtime` reports."""
+
+    target: CausalLM
+    tokenizer: object
+    draft: str
+    draft_model: CausalLM | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    layout: Choice | None = None  # the dtype self-test's choice (models/layouts.py), when it ran
+    hardware: str = "device cpu"
+
+
+def runtime(device: str, dtype: str, layout: Choice | None, hardware: str) -> dict:
+    """Where and in which dtype the target computes, and on what greedy identity rests (the dtype
+    self-test's verdict): for `generate --json` stats, `serve`'s start-up log and `/v1/models`."""
+    if layout is not None:
+        identity = "bit-exact (self-test)" if layout.exact else "by tolerance (no layout passed the self-test)"
+    elif dtype == "gguf":
+        identity = "not self-tested at load (llama.cpp; the test suite checks greedy identity on the embedded GGUF)"
+    else:
+        identity = "not self-tested (dtype given, or a GPU / an adapter without the lean forward)"
+    return {"device": device, "dtype": dtype, "greedy_identity": identity, "hardware": hardware}
+
+
+def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast: bool = True) -> CausalLM:
+    """The encoder-decoder adapter for T5/BART-like modules; else the lean Llama-family forward when the
+    architecture allows it, else the transformers one."""
+    if getattr(module.config, "is_encoder_decoder", False):
+        return Seq2SeqLM(module, eos_token_ids)
+    if fast and fast_llama.supports(module):
+        return fast_llama.FastLlamaLM(module, eos_token_ids)
+    return HFCausalLM(module, eos_token_ids)
+
+
+def load_models(target: str | None, draft: str, dtype, threads: int | None, fast: bool, backend: str,
+                device: str) -> Loaded:
+    """`engine.load`'s models (see its docstring): checked before the slow part, then loaded."""
+    if threads:
+        torch.set_num_threads(threads)
+    if backend not in ("torch", "llama.cpp"):
+        raise ExactSpecError(f"unknown backend {backend!r}: choose torch or llama.cpp")
+    if backend == "llama.cpp":
+        if str(device) not in ("auto", "cpu"):
+            raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
+        return load_llamacpp(target, draft, threads=threads)
+    path = target or embedded_model_path()
+    if draft not in DRAFT_NAMES and not os.path.exists(draft):
+        raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
+    seq2seq = is_encoder_decoder(path)
+    if draft not in DRAFT_NAMES and is_encoder_decoder(draft) != seq2seq:
+        kind = lambda enc: "an encoder-decoder (T5/BART-like)" if enc else "a decoder-only"  # noqa: E731
+        raise ExactSpecError(f"draft {draft} is {kind(not seq2seq)} model but the target is {kind(seq2seq)} one: "
+                             "use a draft of the same kind")
+    where = resolve_device("cpu" if seq2seq and device == "auto" else device)  # before the slow load
+    if seq2seq and where.type != "cpu":
+        raise ExactSpecError(f"--device {device}: encoder-decoder targets run on the CPU only")
+    return _load_torch(path, draft, dtype, fast, seq2seq, where)
+
+
+def _load_torch(path: str, draft: str, dtype, fast: bool, seq2seq: bool, where: torch.device) -> Loaded:
+    """The torch backend's load, its arguments checked: target, tokenizer, draft model, dtype choice."""
+    choose = dtype in (None, "auto") and where.type == "cpu"  # the lean forward's layout by self-test
+    wanted = resolve_dtype(dtype, where)  # CPU auto: float32 until (and unless) the self-test picks
+
+    def load_module(model_path: str) -> torch.nn.Module:
+        if seq2seq:
+            return load_seq2seq_model(model_path, wanted)
+        return load_hf_model(model_path, wanted, where, light=fast)  # light: the lean forward only reads weights
+
+    tokenizer = load_tokenizer(path)
+    module = load_module(path)
+    layout = None
+    if not seq2seq and fast and fast_llama.supports(module):
+        if choose:
+            layout = choose_layout(module, path)
+            chosen = layout_named(layout.layout)
+            wanted, invariant = chosen.dtype, chosen.batch_invariant
+        else:
+            invariant = None  # the dtype's default mode (fast_llama.FastLlamaLM)
+        target_lm = fast_llama.FastLlamaLM(module.to(wanted), _eos_ids(tokenizer), batch_invariant=invariant)
+    else:
+        target_lm = adapter(module, _eos_ids(tokenizer), fast)
+    draft_lm = None
+    if draft not in DRAFT_NAMES:  # the draft model sits on the target's device, in the target's dtype
+        draft_module = load_module(draft)
+        draft_lm = adapter(draft_module.to(wanted) if fast and fast_llama.supports(draft_module) else draft_module,
+                           target_lm.eos_token_ids, fast)
+        check_same_vocab(target_lm, draft_lm, tokenizer, draft)
+        draft = "model"
+    computes = getattr(target_lm, "dtype", wanted)
+    return Loaded(target_lm, tokenizer, draft, draft_lm, str(where), str(computes).removeprefix("torch."), layout,
+                  describe(where, computes, layout))
+
+
+def _eos_ids(tokenizer) -> set[int] | None:
+    return {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else None
+
+
+def check_same_vocab(target: CausalLM, draft: CausalLM, tokenizer, draft_path: str) -> None:
+    """Refuse a draft model whose vocabulary differs from the target's: its tokens would mean other things."""
+    if draft.vocab_size != target.vocab_size:
+        raise ExactSpecError(
+            f"draft vocabulary ({draft.vocab_size} tokens) differs from the target's ({target.vocab_size}): {draft_path}"
+        )
+    try:
+        draft_tokenizer = load_tokenizer(draft_path)
+    except ExactSpecError:
+        return  # a draft without its own tokenizer is taken to share the target's
+    if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ExactSpecError(f"draft tokenizer differs from the target's: {draft_path}")
+
+
+def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: int | None = None,
+                  threads: int | None = None, repack: bool | None = None, **llama_kwargs) -> Loaded:
+    """A GGUF target run by llama.cpp; the tokenizer is transformers' reading of the same GGUF (its ids
+    are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter name or a path to
+    a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch, flash_attn, ...)."""
+    from .models.llama_cpp import load_llama_cpp  # lazy: llama.cpp is an optional extra
+
+    path = path or embedded_model_path()
+    if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
+        raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
+    target = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
+    tokenizer = load_tokenizer(path)
+    draft_lm = None
+    if draft not in DRAFT_NAMES:
+        draft_lm = load_llama_cpp(draft, n_ctx=target.max_length, threads=threads,
+                                  eos_token_ids=target.eos_token_ids, repack=target.repack, **llama_kwargs)
+        check_same_vocab(target, draft_lm, tokenizer, draft)
+        draft = "model"
+    return Loaded(target, tokenizer, draft, draft_lm, "cpu", "gguf",
+                  hardware=f"llama.cpp on the CPU ({cpu_name()}), the GGUF's own weight types")

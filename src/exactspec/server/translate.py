@@ -1,0 +1,134 @@
+"""Request translation: an OpenAI request body -> the worker's jobs, one per sample, or an `ApiError`.
+
+Plain functions of the engine and the body, no HTTP: the app runs them on its preparing thread
+(offload.py), tests call them directly. A request is checked against limits.py, its messages
+rendered (tool history and tool prompt included) and tokenised, and its constraint compiled ONCE:
+the n jobs of a request share one `generation.Request` (each sample gets its own matcher state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..engine import Engine
+from ..errors import ExactSpecError
+from ..generation import GenerationResult, LawSpec, Request
+from ..spec.law import Penalties
+from ..spec.sampling import SamplingParams
+from .history import for_template
+from .limits import LimitError, check_constraint, check_stops, token_id
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .tools import ToolPlan, plan_tools
+from .worker import Job
+
+MAX_TOKENS_DEFAULT = 2048  # the token budget of a request without max_tokens (serve --max-tokens-default)
+
+
+class ApiError(Exception):
+    """A request the server refuses: rendered as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+
+
+def plan_text(engine: Engine, body: CompletionRequest, max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> list[Job]:
+    """A text completion's jobs: the prompt is fed as raw text, no chat template."""
+    return plan(engine, body, body.text(), False, body.token_budget(), "prompt", "max_tokens",
+                max_tokens_default=max_tokens_default)
+
+
+def plan_chat(engine: Engine, body: ChatCompletionRequest,
+              max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> tuple[list[Job], ToolPlan | None]:
+    """A chat request's tools, messages (tool history included, see history.py) and jobs."""
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    try:
+        tools = plan_tools(body.tools, body.tool_choice)
+    except LimitError as e:
+        raise ApiError(400, str(e), e.param) from None
+    except ExactSpecError as e:
+        raise ApiError(400, str(e), "tool_choice" if body.tools else "tools") from None
+    messages = for_template(body.chat(), getattr(engine.tokenizer, "chat_template", None))
+    if tools is not None:  # show the model its tools in the system message
+        if messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + tools.system_prompt}
+        else:
+            messages.insert(0, {"role": "system", "content": tools.system_prompt})
+    return plan(engine, body, messages, None, body.token_budget(), "messages", param, tools, max_tokens_default), tools
+
+
+def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat_template: bool | None,
+         budget: int | None, prompt_param: str, budget_param: str, tools: ToolPlan | None = None,
+         max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> list[Job]:
+    """Check and tokenise a request; one job per sample, all sharing one Request."""
+    sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+                    lenience=body.lenience)
+    try:
+        params = SamplingParams(**sampling)
+        check_stops(body.stop_list())
+    except LimitError as e:
+        raise ApiError(400, str(e), e.param) from None
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    law = law_spec(engine, body, tools)
+    ids = prompt_ids(engine, prompt, chat_template, budget, prompt_param, budget_param)
+    context = engine.target.max_length
+    room = context - (len(engine.target.decoder_prompt) if engine.is_encoder_decoder else len(ids))
+    try:
+        request = Request(params, law, budget or min(room, max_tokens_default or room), body.stop_list(), body.gamma)
+    except ExactSpecError as e:
+        raise ApiError(400, str(e)) from None
+    return [Job(GenerationResult("", [], ids, "length"), request, seed=None if body.seed is None else body.seed + i)
+            for i in range(body.n)]
+
+
+def prompt_ids(engine: Engine, prompt: str | list[dict], chat_template: bool | None, budget: int | None,
+               prompt_param: str, budget_param: str) -> list[int]:
+    """The prompt's token ids, checked to leave room in the context (and the budget to fit it)."""
+    try:
+        ids = engine.new_result(prompt, chat_template).prompt_token_ids
+    except Exception as e:  # ExactSpecError, or a chat template refusing the messages (jinja2 errors)
+        raise ApiError(400, f"cannot encode the prompt: {e}", prompt_param) from None
+    context = engine.target.max_length
+    if not ids:
+        raise ApiError(400, "the prompt is empty", prompt_param)
+    if len(ids) >= context:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {context} tokens",
+                       prompt_param, "context_length_exceeded")
+    if budget is not None and budget > context:
+        raise ApiError(400, f"{budget_param} is {budget}; this model's context is {context} tokens", budget_param)
+    return ids
+
+
+def law_spec(engine: Engine, body: GenerationRequest, tools: ToolPlan | None) -> LawSpec:
+    """The request's grammar, bias, penalties and logprobs, checked: the constraint within limits.py's
+    bounds, compiled (once: its samples share it), and able to match some text."""
+    constraint, param = body.response_format, "tools" if tools is not None else "response_format"
+    if tools is not None:
+        if constraint is not None and constraint.get("type") != "text":
+            raise ApiError(400, "give either response_format or tools, not both", "response_format")
+        constraint = tools.constraint
+    try:
+        check_constraint(constraint, param)
+        compiled = engine.law_spec(grammar=constraint)
+        if compiled.matcher is not None:  # a language with no text fails here
+            compiled.matcher.mask()
+        bias = {token_id(key, engine.target.vocab_size): float(value) for key, value in (body.logit_bias or {}).items()}
+    except LimitError as e:
+        raise ApiError(400, str(e), e.param) from None
+    except ExactSpecError as e:
+        raise ApiError(400, str(e), param) from None
+    try:
+        penalties = Penalties(bias, body.presence_penalty, body.frequency_penalty, body.repetition_penalty)
+    except ValueError as e:
+        raise ApiError(400, str(e), "logit_bias") from None
+    return replace(compiled, penalties=penalties, logprobs=body.logprobs_k())
+
+
+def reproducible(engine: Engine, body: GenerationRequest) -> bool:
+    """Whether the same request with the same seed gives the same text: greedy always; sampled only at
+    a fixed γ with a fixed drafter (auto γ and the auto drafter learn across requests and price by the
+    batch, so they draft differently, and an exact sampler then draws another sample)."""
+    gamma = engine.gamma if body.gamma is None else body.gamma
+    return SamplingParams(temperature=body.temperature).greedy or (gamma != "auto" and engine.draft != "auto")
