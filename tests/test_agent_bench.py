@@ -45,3 +45,24 @@ def test_serve_refuses_a_negative_cache_budget():
     assert parser.parse_args(["serve"]).prefix_cache_mb > 0  # on by default
     with pytest.raises(ExactSpecError, match="prefix-cache-mb"):
         cmd_serve(parser.parse_args(["serve", "--prefix-cache-mb", "-1"]))
+
+
+def test_agent_repeat_interleaves_sessions_and_keeps_the_store(embedded):
+    """agent-repeat: every kind's first session, then every kind's second...; a method keeps its store
+    from session to session (a later session drafts from an earlier one's answers), and the bench
+    leaves the engine's own store as it was."""
+    from exactspec.bench.agent import load_agent_repeat
+
+    work = load_agent_repeat()
+    kinds = [t["kind"] for t in work["transcripts"]]
+    n = len(set(kinds))
+    assert n >= 3 and kinds[:n] == kinds[n:2 * n] and len(set(kinds[:n])) == n
+    assert all("{" not in t["task"] for t in work["transcripts"])  # every placeholder filled
+    store = embedded.drafts.store
+    methods = build_agent_methods(embedded, ["suffix"], ["auto"], 64, hf=False, store_mb=8)
+    assert methods[-1].store_mb == 8 and methods[-1].drafter == "suffix"
+    rows = run_agent_bench(embedded, methods, 0.0, transcripts=n + 1, steps=1, max_new_tokens=12, name="agent-repeat")
+    assert embedded.drafts.store is store
+    by = {r["method"]: r for r in rows}
+    assert by["exactspec-spec"]["workload"] == "agent-repeat" and by["exactspec-spec"]["store_mb"] == 8
+    assert by["exactspec-spec"]["steps"] == n + 1

@@ -61,3 +61,17 @@ def test_batch_bench_rows(embedded):
     assert [(r["batch"], r["method"]) for r in rows] == [
         (b, m) for b in (1, 2) for m in ("batched-spec", "batched-plain", "sequential-spec", "sequential-plain")]
     assert all(r["tokens_per_s"] > 0 for r in rows) and "| 2 | batched-spec | prompt-lookup | 4 |" in batch_table(rows)
+
+
+def test_selfconsistency_rows(embedded):
+    """n samples of one prompt as one batch, per method; point-mass methods sample plain decoding's texts
+    (the runner checks it) and the engine's store is left as it was."""
+    from exactspec.bench.selfconsistency import METHODS, load_selfconsistency, run_selfconsistency_bench
+
+    work = load_selfconsistency()
+    assert work["n"] == 8 and work["temperature"] == 0.7 and len(work["prompts"]) >= 4
+    store = embedded.drafts.store
+    rows = run_selfconsistency_bench(embedded, prompts=1, max_new_tokens=6, store_mb=2)
+    assert embedded.drafts.store is store
+    assert len(rows) == len(METHODS) and all(r["workload"] == "selfconsistency" and r["n"] == 8 for r in rows)
+    assert all(r["tokens_per_s"] > 0 for r in rows) and rows[0]["speedup_vs_plain"] == 1.0

@@ -162,3 +162,21 @@ def test_siblings_drafting_from_each_other_stay_exact_and_independent(fast_tiny)
     # negative control: siblings sharing their random numbers are not independent, and the test says so
     joint, _, _ = sibling_counts(fast_tiny, params, same_seed=True, batches=500)
     assert chi_square_p(joint.flatten(), torch.outer(last, last).flatten()) < 1e-6
+
+
+def test_engine_suffix_drafter_copies_an_earlier_answer_and_keeps_greedy_identity(embedded):
+    """A repeated request drafts its answer from the store: fewer target calls, the same tokens."""
+    prompt = "List the planets of the solar system, comma separated."
+    embedded.drafts.set_store(4)
+    try:
+        plain = embedded.generate(prompt, max_new_tokens=24, temperature=0, gamma=0)
+        first = embedded.generate(prompt, max_new_tokens=24, temperature=0, gamma=4, draft="suffix")
+        again = embedded.generate(prompt, max_new_tokens=24, temperature=0, gamma=4, draft="suffix")
+        assert plain.token_ids == first.token_ids == again.token_ids
+        assert again.stats.target_calls < first.stats.target_calls
+        assert embedded.drafts.store.nbytes <= 4 * 2**20
+        sampled = [embedded.generate_batch(prompt, n=3, max_new_tokens=16, temperature=0.8, seed=5, gamma=g,
+                                           draft="suffix")[0] for g in (0, 4, "auto")]
+        assert [r.token_ids for r in sampled[0]] == [r.token_ids for r in sampled[1]] == [r.token_ids for r in sampled[2]]
+    finally:
+        embedded.drafts.set_store(64)

