@@ -449,6 +449,11 @@ def test_max_tokens_default_caps_requests_without_max_tokens(api, embedded):
 
 
 def test_seed_reproducibility_is_announced(api):
-    body = {"messages": USER, "max_tokens": 2, "temperature": 1.0, "seed": 42}
-    assert post(api, {**body, "gamma": "auto"}).json()["speculative"]["reproducible"] is False
-    assert post(api, {**body, "gamma": 4}).json()["speculative"]["reproducible"] is True
+    """Prompt lookup's drafts are point masses: under auto γ a seeded sampled request gives plain
+    decoding's text, every time (and says so); lenient drafting under auto γ does not (and says so)."""
+    body = {"messages": USER, "max_tokens": 12, "temperature": 1.0, "seed": 42}
+    replies = [post(api, {**body, "gamma": g}).json() for g in ("auto", "auto", 4, 0)]
+    assert all(r["speculative"]["reproducible"] is True for r in replies)
+    assert len({r["choices"][0]["message"]["content"] for r in replies}) == 1
+    lenient = post(api, {**body, "gamma": "auto", "lenience": 0.5}).json()
+    assert lenient["speculative"]["reproducible"] is False

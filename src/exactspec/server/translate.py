@@ -127,8 +127,15 @@ def law_spec(engine: Engine, body: GenerationRequest, tools: ToolPlan | None) ->
 
 
 def reproducible(engine: Engine, body: GenerationRequest) -> bool:
-    """Whether the same request with the same seed gives the same text: greedy always; sampled only at
-    a fixed γ with a fixed drafter (auto γ and the auto drafter learn across requests and price by the
-    batch, so they draft differently, and an exact sampler then draws another sample)."""
+    """Whether the same request with the same seed gives the same text: greedy always; sampled with a
+    point-mass drafter (prompt lookup, suffix, none) at lenience 1 too, whatever γ, auto γ, the store
+    or the batch (verified with the plain sampler's coupling, the text is plain decoding's: see
+    spec/verify.py `verify_coupled`); with a sampling drafter (bigram, unigram, a draft model, auto)
+    or lenience < 1 only at a fixed γ with a fixed drafter (auto γ and the auto drafter learn across
+    requests and price by the batch, so they draft differently, and the sampler draws another sample)."""
     gamma = engine.gamma if body.gamma is None else body.gamma
-    return SamplingParams(temperature=body.temperature).greedy or (gamma != "auto" and engine.draft != "auto")
+    if SamplingParams(temperature=body.temperature).greedy:
+        return True
+    if engine.draft in ("prompt-lookup", "suffix", "none") and body.lenience == 1:
+        return True
+    return gamma != "auto" and engine.draft != "auto"
