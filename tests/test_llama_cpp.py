@@ -76,6 +76,20 @@ def test_greedy_identity_auto_gamma(engine):
     assert ours(engine, ids, "auto", "prompt-lookup") == reference(engine, ids)
 
 
+def test_suffix_drafter_on_llama_cpp(engine):
+    """The suffix drafter on this backend: greedy identity, a repeated request copies the first one's
+    answer from the store (fewer calls), and a seeded sample is plain decoding's at any γ."""
+    ids = engine.encode(REAL_PROMPTS[0])
+    ref = reference(engine, ids)
+    first, again = Stats(), Stats()
+    assert ours(engine, ids, 4, "suffix", stats=first) == ref
+    assert ours(engine, ids, 4, "suffix", stats=again) == ref and again.target_calls < first.target_calls
+    assert ours(engine, ids, "auto", "suffix") == ref
+    hot = SamplingParams(temperature=0.9, top_p=0.95)
+    plain = list(engine.stream_ids(ids, hot, 16, 0, 3, None, "none"))
+    assert all(list(engine.stream_ids(ids, hot, 16, g, 3, None, "suffix")) == plain for g in (4, "auto"))
+
+
 def test_llama_cpp_prompt_lookup_anchor_is_greedy_identical(engine):
     """The llamacpp-prompt-lookup bench row decodes the same tokens (so its speed is comparable)."""
     ids = engine.encode(load_workload("grounded")[0])

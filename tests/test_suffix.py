@@ -180,3 +180,19 @@ def test_engine_suffix_drafter_copies_an_earlier_answer_and_keeps_greedy_identit
         assert [r.token_ids for r in sampled[0]] == [r.token_ids for r in sampled[1]] == [r.token_ids for r in sampled[2]]
     finally:
         embedded.drafts.set_store(64)
+
+
+def test_a_store_copy_stops_where_earlier_sessions_disagree():
+    """Three earlier answers share a prefix; two go on with 20, the latest with 10. A new request copies
+    the shared part from the store, but not into the minority's value: the proposal stops there."""
+    store = SuffixIndex(budget_mb=1)
+    prompt = [100, 101, 102, 103]
+    for value in (20, 20, 10):
+        writer = SuffixDrafter(store)
+        writer.propose(prompt, 1, GREEDY, None)
+        writer.finish(prompt + [1, 2, 3, 4, value, value + 1, value + 2])
+    reader = SuffixDrafter(store)
+    proposal = reader.propose([7] + prompt, 8, GREEDY, None)
+    assert reader.source == "store" and proposal.ids.tolist() == [1, 2, 3, 4]  # cut before the contested value
+    agreed = SuffixDrafter(store).propose([7] + prompt + [1, 2, 3, 4, 20], 8, GREEDY, None)
+    assert agreed.ids.tolist()[:2] == [21, 22]

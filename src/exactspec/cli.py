@@ -108,13 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "transcripts replayed step by step: per-step latency with and without the prefix cache; "
                             "--prompts = transcripts), agent-repeat (many sessions of the same task kinds, "
                             "interleaved, each method keeping its caches and store across sessions as a server "
-                            "does; adds auto without and with the store, and suffix), selfconsistency (n = 8 "
-                            "samples of a reasoning prompt at T = 0.7 as one batch: plain, auto without and with "
-                            "the store, suffix)")
+                            "does; adds auto and suffix), selfconsistency (n = 8 samples of a reasoning prompt "
+                            "at T = 0.7 as one batch: plain, auto, prompt lookup, suffix)")
     bench.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
                        help="prefix cache budget of the agent workloads' cached rows (default 1024)")
     bench.add_argument("--store-mb", type=float, default=STORE_MB, metavar="MIB",
-                       help=f"store of earlier outputs for the suffix and auto drafters (default {STORE_MB:g})")
+                       help=f"store of earlier outputs for the suffix drafter (default {STORE_MB:g})")
     bench.add_argument("--temperatures", default="0,1", help="comma list (default 0,1)")
     bench.add_argument("--drafters", default="prompt-lookup,bigram", help="comma list of drafters")
     bench.add_argument("--gammas", default="2,4,6", help="comma list of fixed gammas (auto is added unless --no-auto)")
@@ -373,8 +372,8 @@ def _print_special(rows: list[dict]) -> None:
 
 
 def _bench_agent(engine, args, name, drafters, gammas, temperatures, transcripts, reps) -> list[dict]:
-    """An agent workload's rows (see bench/agent.py), one set per temperature. agent-repeat adds the
-    drafters that read the store (auto without and with it, suffix) to the first of --drafters."""
+    """An agent workload's rows (see bench/agent.py), one set per temperature. agent-repeat adds auto
+    and suffix (the store's drafter) to the first of --drafters."""
     from tqdm import tqdm
 
     from .bench.agent import build_agent_methods, load_agent_repeat, load_agent_workload, run_agent_bench

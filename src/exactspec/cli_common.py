@@ -30,10 +30,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default="prompt-lookup", metavar="{prompt-lookup,suffix,bigram,unigram,auto,none,PATH}",
                    help="drafter: prompt lookup over the context (default); suffix: the context and a store of "
                         "earlier outputs (other requests, sibling samples); an n-gram model fitted online; auto "
-                        "(picks among suffix and bigram every iteration by measured acceptance x cost, learning "
-                        "across requests); no drafting; or a path to a smaller model sharing the target's vocabulary")
+                        "(picks among prompt lookup and bigram every iteration by measured acceptance x cost, "
+                        "learning across requests); no drafting; or a path to a smaller model sharing the "
+                        "target's vocabulary")
     p.add_argument("--store-mb", type=float, default=STORE_MB, metavar="MIB",
-                   help=f"size of the suffix / auto drafters' store of earlier outputs, oldest forgotten first "
+                   help=f"size of the suffix drafter's store of earlier outputs, oldest forgotten first "
                         f"(default {STORE_MB:g}; 0 = none: copy from the request's own context only)")
     p.add_argument("--gamma", default="4", help="draft tokens per target call: N (0 = plain decoding; default 4) or "
                    "\"auto\" (chosen every iteration from measured costs and the running acceptance rate)")

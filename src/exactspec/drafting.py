@@ -22,7 +22,8 @@ from .spec.sampling import SamplingParams
 from .stats import Stats
 
 DRAFT_NAMES = ("prompt-lookup", "suffix", "bigram", "unigram", "auto", "none")
-AUTO_ARMS = ("suffix", "bigram")  # plus the draft model, when the engine has one
+AUTO_ARMS = ("prompt-lookup", "bigram")  # plus the draft model, when the engine has one; not the store's
+# suffix drafter: on agent-repeat auto with it was slower than without (README, "the store")
 
 
 def check_gamma(gamma: int | str) -> int | str:

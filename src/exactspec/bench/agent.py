@@ -205,13 +205,11 @@ def build_agent_methods(engine: Engine, drafters: list[str], gammas: list[int | 
                         llamacpp_path: str | None = None, threads: int | None = None,
                         store_mb: float = 0) -> list[AgentMethod]:
     """exactspec without cache and speculation (the baseline), with the cache, with cache + speculation
-    per drafter and γ (drafters that read a store, suffix and auto, get `store_mb`; auto also without
-    one, as it drafted before the store); then the anchors: llama-cpp-python with its prompt cache when
-    installed, HF generate."""
+    per drafter and γ (the suffix drafter with a store of `store_mb`); then the anchors: llama-cpp-python
+    with its prompt cache when installed, HF generate."""
     methods = [exactspec_agent_method(engine, None, 0, 0), exactspec_agent_method(engine, None, 0, cache_mb)]
     for d in drafters:
-        stores = [0, store_mb] if d == "auto" and store_mb else [store_mb if d in ("suffix", "auto") else 0]
-        methods += [exactspec_agent_method(engine, d, g, cache_mb, s) for s in stores for g in gammas]
+        methods += [exactspec_agent_method(engine, d, g, cache_mb, store_mb if d == "suffix" else 0) for g in gammas]
     if hf and llamacpp_path is not None:
         try:
             methods.append(llamacpp_cache_agent_method(engine, llamacpp_path, cache_mb, threads))

@@ -30,10 +30,20 @@ def stops_at_eos(params: SamplingParams, response_format: dict | None) -> bool:
     return params.greedy or response_format is not None
 
 
+def fresh_store(engine: Engine) -> None:
+    """Empty the engine's store of earlier outputs (same budget): every run of a workload starts without
+    the other methods' answers to the same prompt (with the coupling, a seeded sample is the same text
+    whatever the method, so a store holding it would copy the answer whole)."""
+    store = engine.drafts.store
+    if store is not None and store.tokens:
+        engine.drafts.set_store(store.budget / 2**20)
+
+
 def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, constrained: bool = True) -> Method:
     """Our decoding loop; under a constrained workload's schema unless not `constrained`."""
     def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
         stats, result = Stats(), GenerationResult("", [], prompt_ids, "length")
+        fresh_store(engine)
         t = time.perf_counter()
         law = engine.make_law(result, params, response_format=response_format if constrained else None)
         ids = list(engine.stream_ids(prompt_ids, params, max_new_tokens, gamma, seed, stats, drafter or "none",

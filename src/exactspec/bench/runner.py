@@ -27,7 +27,7 @@ from ..engine import Engine
 from ..models.light_llama import hf_module
 from ..spec.sampling import SamplingParams
 from ..stats import Stats, total
-from .methods import Method, exactspec_method
+from .methods import Method, exactspec_method, fresh_store
 from .workloads import CONSTRAINED, load_cases, load_workload, schema_valid
 
 def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
@@ -254,6 +254,7 @@ def run_batch_bench(engine: Engine, batches: list[int], workload: str, temperatu
         tps: dict[str, list[float]] = {m: [] for m in methods}
         for _ in range(reps):
             for name, fn in methods.items():
+                fresh_store(engine)
                 t = time.perf_counter()
                 results, _ = fn(chosen)
                 tps[name].append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - t))

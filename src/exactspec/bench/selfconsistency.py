@@ -9,8 +9,8 @@ drafter sample the SAME texts (checked here): they differ only in time. `auto` m
 drafter, whose sampled drafts leave the law exact but not the texts, so its rows sample others.
 
 Methods (interleaved per prompt, the order rotating per repetition): batched plain decoding (the
-baseline), today's batched `--draft auto --gamma auto` without a store, the same with the store, and
-the suffix drafter (context + store) under auto γ. The store is emptied before every prompt, so what
+baseline), batched `--draft auto --gamma auto`, prompt lookup under auto γ, and the suffix drafter
+(context + store) under auto γ. The store is emptied before every prompt, so what
 a method gains comes from the siblings alone.
 """
 
@@ -33,7 +33,7 @@ def load_selfconsistency() -> dict:
 METHODS = (  # (method, drafter, γ, store on)
     ("exactspec-plain", None, 0, False),
     ("exactspec-spec", "auto", "auto", False),
-    ("exactspec-spec", "auto", "auto", True),
+    ("exactspec-spec", "prompt-lookup", "auto", False),
     ("exactspec-spec", "suffix", "auto", True),
 )
 

@@ -179,6 +179,33 @@ class SuffixIndex:
             return False
         return seq[end - than - 1 : end] == tail[-than - 1 :]
 
+    def supported(self, tail: list[int], follow: list[int]) -> int:
+        """How many leading tokens of `follow` (a continuation of `tail`) the index does not contest: at
+        each position, among the earlier occurrences of the preceding n-gram (longest order, at most
+        `chain`), the proposed token must not be outnumbered by the others (SuffixDecoding's idea:
+        stop where what followed before disagrees). Where the store has seen several sessions of a
+        task diverge (a file name, a number), a copy stops there instead of running on into a value
+        that is somebody else's."""
+        o, n = 0, self.orders[0]
+        seq = list(tail[-n:]) + list(follow)
+        for j, token in enumerate(follow):
+            gram = seq[j:j + n]
+            if len(gram) < n:
+                return len(follow)
+            pos, nexts, walked = self.heads[o].get(hash(tuple(gram)), -1), [], 0
+            while pos >= 0 and walked < self.chain:
+                walked += 1
+                doc, end = divmod(pos, STRIDE)
+                d = self.docs.get(doc)
+                if d is None:
+                    break
+                pos = d.prev[o][end]
+                if d.tokens[end - n:end] == gram:
+                    nexts.append(d.tokens[end])
+            if len(nexts) >= 2 and 2 * nexts.count(token) < len(nexts):
+                return j
+        return len(follow)
+
     def continuation(self, match: Match, k: int) -> list[int]:
         """Up to k tokens that followed the match."""
         return self.docs[match.doc].tokens[match.at : match.at + k]
@@ -254,6 +281,15 @@ class SuffixDrafter:
             return Proposal.empty()
         index, self.found = best
         follow = index.continuation(self.found, k)
+        if index is self.store:  # another request's text: only as far as what the store saw agrees
+            with self.store.lock:
+                follow = follow[: self.store.supported(context[-self.max_match:], follow)]
+            if not follow and self.index is not None:  # contested at once: the context's own match, if any
+                self.source, found = "context", self.index.find(context[-self.max_match:])
+                if found is not None:
+                    self.found, follow = found, self.index.continuation(found, k)
+        if not follow:
+            return Proposal.empty()
         return Proposal(torch.tensor(follow, dtype=torch.long), None, self.found.length)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
