@@ -132,7 +132,8 @@ class GreedyLenient(Rule):
 
 class Sampled(Rule):
     """The speculative-sampling verifier, one row at a time on host memory (NumPy: per row it is the
-    fastest on a CPU), or an injected verifier (tests) on the laws where they are."""
+    fastest on a CPU), or an injected verifier (tests) on the laws where they are. Point-mass drafts
+    (exact rule) take its coupled form, which leaves a seeded text as plain decoding's (verify_coupled)."""
 
     needs_laws = True
 
@@ -185,9 +186,11 @@ def acceptance(params: SamplingParams, law: TargetLaw | None, verifier, device: 
 
 
 def verify_on_device(rows: list[Row], drafts: list[Draft], target_probs: torch.Tensor) -> list[list[int]]:
-    """Every row's emitted tokens from ONE batched tensor verification (verify_torch.verify_rows) on
-    the laws' device [A, K+1, V]; each row draws its γ+1 uniforms from its own generator exactly as the
-    per-row verifier does, so outputs do not change. Only the ids come back to the host."""
+    """Every row's emitted tokens from batched tensor verification on the laws' device [A, K+1, V]:
+    point-mass rows by the coupled rule (verify_torch.verify_rows_coupled), the others by
+    verify_torch.verify_rows; each row takes its γ+1 uniforms from its stream (Row.uniforms) and hands
+    the unused ones back exactly as the per-row verifier does, so outputs do not change. Only the ids
+    come back to the host."""
     A, width = target_probs.shape[:2]
     draft_ids = torch.zeros(A, width - 1, dtype=torch.long)
     uniforms = torch.zeros(A, width)

@@ -6,7 +6,9 @@ norm(max(0, p_n - q_n)); if all γ pass, a bonus token is drawn from p_γ. A row
 num_accepted + 1 tokens. `target_probs` / `draft_probs` are already warped (see sampling.warp).
 
 All randomness enters through `uniforms` [γ+1]: entry i < γ decides acceptance of draft i, the last
-drives inverse-CDF sampling of the correction/bonus token.
+drives inverse-CDF sampling of the correction/bonus token. Point-mass drafts at L = 1 use the same rule
+in its coupled form (`verify_coupled`): uniform i is position i's, which draws that position's token,
+so the emitted text is plain decoding's with the same uniforms.
 
 Lenience (Leviathan et al. 2023, appendix A.5), opt-in and LOSSY: with 0 < L < 1 a draft is accepted
 with probability min(1, p(x) / (L·q(x))) and the first rejected position draws from
