@@ -25,8 +25,10 @@ At T > 0 a seeded request's text then depends on what the store held (as with `-
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -145,17 +147,8 @@ class SuffixIndex:
         for o, n in enumerate(self.orders):
             if len(tail) < n:
                 continue
-            gram = tail[-n:]
-            pos, best, nexts, walked = self.heads[o].get(hash(tuple(gram)), -1), None, [], 0
-            while pos >= 0 and walked < self.chain:
-                walked += 1
-                doc, end = divmod(pos, STRIDE)
-                d = self.docs.get(doc)
-                if d is None:  # evicted: everything further down the chain is older
-                    break
-                pos, seq = d.prev[o][end], d.tokens
-                if seq[end - n : end] != gram:
-                    continue  # a hash collision
+            best, nexts = None, []
+            for doc, end, seq in self._occurrences(o, tail[-n:]):
                 nexts.append(seq[end])
                 if best is None or self._longer(seq, end, tail, best.length):
                     best = Match(doc, end, self._agreement(seq, end, tail, n if best is None else best.length + 1), 0, 0)
@@ -165,6 +158,20 @@ class SuffixIndex:
                 best.seen, best.agree = len(nexts), nexts.count(self.docs[best.doc].tokens[best.at])
                 return best
         return None
+
+    def _occurrences(self, o: int, gram: list[int]) -> Iterator[tuple[int, int, list[int]]]:
+        """(doc, end, its tokens) of the earlier occurrences of `gram` (order index o), latest first,
+        at most `chain` of them walked."""
+        n, pos, walked = len(gram), self.heads[o].get(hash(tuple(gram)), -1), 0
+        while pos >= 0 and walked < self.chain:
+            walked += 1
+            doc, end = divmod(pos, STRIDE)
+            d = self.docs.get(doc)
+            if d is None:  # evicted: everything further down the chain is older
+                return
+            pos = d.prev[o][end]
+            if d.tokens[end - n : end] == gram:  # else a hash collision
+                yield doc, end, d.tokens
 
     def _agreement(self, seq: list[int], end: int, tail: list[int], known: int) -> int:
         """How many tokens before `end` in `seq` agree with the end of `tail` (at least `known`)."""
@@ -186,22 +193,13 @@ class SuffixIndex:
         stop where what followed before disagrees). Where the store has seen several sessions of a
         task diverge (a file name, a number), a copy stops there instead of running on into a value
         that is somebody else's."""
-        o, n = 0, self.orders[0]
+        n = self.orders[0]
         seq = list(tail[-n:]) + list(follow)
         for j, token in enumerate(follow):
             gram = seq[j:j + n]
             if len(gram) < n:
                 return len(follow)
-            pos, nexts, walked = self.heads[o].get(hash(tuple(gram)), -1), [], 0
-            while pos >= 0 and walked < self.chain:
-                walked += 1
-                doc, end = divmod(pos, STRIDE)
-                d = self.docs.get(doc)
-                if d is None:
-                    break
-                pos = d.prev[o][end]
-                if d.tokens[end - n:end] == gram:
-                    nexts.append(d.tokens[end])
+            nexts = [tokens[end] for _, end, tokens in self._occurrences(0, gram)]
             if len(nexts) >= 2 and 2 * nexts.count(token) < len(nexts):
                 return j
         return len(follow)
@@ -261,10 +259,7 @@ class SuffixDrafter:
         for name, index in (("context", self.index), ("store", self.store)):
             if index is None:
                 continue
-            if index is self.store:
-                with index.lock:
-                    match = index.find(tail)
-            else:
+            with index.lock if index is self.store else contextlib.nullcontext():
                 match = index.find(tail)
             if match is not None and (best is None or match.length > best[1].length):
                 best, self.source = (index, match), name
