@@ -238,7 +238,8 @@ class SuffixDrafter:
         if self.index is not None:
             seen = self.index.length(self._doc)
             if seen > len(context) or (seen and self.index.docs[self._doc].tokens[seen - 1] != context[seen - 1]):
-                self.index = SuffixIndex(max_match=self.max_match, orders=self.orders)  # not the context indexed so far: start over
+                # not the context indexed so far (a new generation): start over
+                self.index = SuffixIndex(max_match=self.max_match, orders=self.orders)
                 self._doc, seen = self.index.new_doc(), 0
             self.index.extend(self._doc, context[seen:])
         if self.store is not None:
