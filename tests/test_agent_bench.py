@@ -59,10 +59,10 @@ def test_agent_repeat_interleaves_sessions_and_keeps_the_store(embedded):
     assert n >= 3 and kinds[:n] == kinds[n:2 * n] and len(set(kinds[:n])) == n
     assert all("{" not in t["task"] for t in work["transcripts"])  # every placeholder filled
     store = embedded.drafts.store
-    methods = build_agent_methods(embedded, ["suffix"], ["auto"], 64, hf=False, store_mb=8)
+    methods = build_agent_methods(embedded, ["suffix"], [4], 64, hf=False, store_mb=8)
     assert methods[-1].store_mb == 8 and methods[-1].drafter == "suffix"
-    rows = run_agent_bench(embedded, methods, 0.0, transcripts=n + 1, steps=1, max_new_tokens=12, name="agent-repeat")
+    rows = run_agent_bench(embedded, methods, 0.0, transcripts=2, steps=1, max_new_tokens=6, name="agent-repeat")
     assert embedded.drafts.store is store
     by = {r["method"]: r for r in rows}
     assert by["exactspec-spec"]["workload"] == "agent-repeat" and by["exactspec-spec"]["store_mb"] == 8
-    assert by["exactspec-spec"]["steps"] == n + 1
+    assert by["exactspec-spec"]["steps"] == 2
