@@ -65,13 +65,13 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
         proposals.append((proposal, forced, time.perf_counter() - t, kind(row)))
     widths = _copy_widths(rows, proposals)
     drafts = []
-    for row, (proposal, forced, seconds, sort) in zip(rows, proposals):
+    for row, (proposal, forced, seconds, copy_kind) in zip(rows, proposals):
         if proposal is not None and copying(row.drafter, row.gamma):
             proposal = proposal.head(forced + widths[id(row.gamma)])
         if proposal is None or len(proposal) == 0:
             drafts.append(Draft([], None, 0, 0, seconds))
         else:
-            drafts.append(Draft(proposal.ids.tolist(), proposal.probs, forced, proposal.match, seconds, sort))
+            drafts.append(Draft(proposal.ids.tolist(), proposal.probs, forced, proposal.match, seconds, copy_kind))
     return drafts
 
 
@@ -87,8 +87,8 @@ def kind(row: Row) -> tuple | None:
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]]) -> dict[int, int]:
     """Per auto policy of copying drafters: the one width of the drafter's part its rows are cut to."""
     members = {}
-    for row, (proposal, forced, _, sort) in zip(rows, proposals):
+    for row, (proposal, forced, _, copy_kind) in zip(rows, proposals):
         if copying(row.drafter, row.gamma):
             members.setdefault(id(row.gamma), (row.gamma, []))[1].append(
-                (proposal.match, len(proposal) - forced, sort) if proposal is not None else (None, 0, None))
+                (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None else (None, 0, None))
     return {key: policy.choose(found, len(rows)) for key, (policy, found) in members.items()}
