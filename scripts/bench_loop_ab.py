@@ -68,12 +68,12 @@ for line in sys.stdin:
 
 
 class Worker:
-    def __init__(self, name: str, src: str):
+    def __init__(self, name: str, src: str, code: str = WORKER):
         self.name = name
         # parked OpenMP threads: a worker waiting for its turn must not spin on the cores the running one
         # needs (libgomp's spin-then-park made every run several times slower with three workers on 2 cores)
         env = {**os.environ, "PYTHONPATH": src, "TQDM_DISABLE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=env)
 
     def run(self, request: dict) -> dict:

@@ -22,8 +22,7 @@ from .spec.sampling import SamplingParams
 from .stats import Stats
 
 DRAFT_NAMES = ("prompt-lookup", "suffix", "bigram", "unigram", "auto", "none")
-AUTO_ARMS = ("prompt-lookup", "bigram")  # plus the draft model, when the engine has one; not the store's
-# suffix drafter: on agent-repeat auto with it was slower than without (README, "the store")
+AUTO_ARMS = ("prompt-lookup", "store", "bigram")  # "store" when the engine has one, "model" when it has a draft model
 
 
 def check_gamma(gamma: int | str) -> int | str:
@@ -59,8 +58,9 @@ class Drafting:
             raise ExactSpecError(f"the store budget must be >= 0 MiB, got {budget_mb}")
         self.store = SuffixIndex(budget_mb) if budget_mb else None
 
-    def make(self, draft: str) -> Drafter | None:
-        """A fresh drafter (drafters hold per-request state); None for "none"."""
+    def make(self, draft: str, policy: int | AutoGamma | None = None) -> Drafter | None:
+        """A fresh drafter (drafters hold per-request state); None for "none". The auto drafter prices
+        its arms by the generation's auto-γ `policy`, if it has one."""
         if draft == "none":
             return None
         if draft == "prompt-lookup":
@@ -71,9 +71,13 @@ class Drafting:
             return NGramDrafter(self.target.vocab_size, order=2 if draft == "bigram" else 1)
         if draft == "model" and self.draft_model is not None:
             return ModelDrafter(self.draft_model)
+        if draft == "store" and self.store is not None:  # the store alone (an arm of auto)
+            return SuffixDrafter(self.store, own_context=False)
         if draft == "auto":
-            arms = AUTO_ARMS + (("model",) if self.draft_model is not None else ())
-            return AutoDrafter(self.bandit(), {name: self.make(name) for name in arms})
+            arms = [a for a in AUTO_ARMS if a != "store" or self.store is not None]
+            arms += ["model"] if self.draft_model is not None else []
+            return AutoDrafter(self.bandit(), {name: self.make(name) for name in arms},
+                               policy if isinstance(policy, AutoGamma) else None)
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
 
     def bandit(self) -> DraftBandit:
@@ -114,10 +118,11 @@ class Drafting:
     def policy(self, gamma: int | str, draft: str) -> tuple[Drafter | None, int | AutoGamma]:
         """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over the cost
         model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, is plain decoding)."""
-        drafter = self.make(draft) if gamma != 0 else None
-        if gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
-            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft)) if drafter is not None else 1
-        return drafter, gamma
+        if gamma == "auto" and draft != "none":
+            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft))
+        elif gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
+            gamma = 1
+        return (self.make(draft, gamma) if gamma != 0 else None), gamma
 
     def set_source(self, source_ids: list[int]) -> None:
         """Encoder-decoder pair: run the target's (and the draft model's) encoder over the source."""

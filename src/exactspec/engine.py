@@ -138,7 +138,7 @@ class Engine:
             laws = [request.law.law(request.params, r, self.target.vocab_size) for r in results]
         draft = self._draft(request.draft)
         first, policy = self.drafting(request.gamma, draft)
-        drafters = [first] + [self.make_drafter(draft) if first is not None else None for _ in results[1:]]
+        drafters = [first] + [self.drafts.make(draft, policy) if first is not None else None for _ in results[1:]]
         rows = []
         for i, (result, drafter, seed, law) in enumerate(zip(results, drafters, seeds, laws)):
             prompt = result.prompt_token_ids

@@ -26,6 +26,7 @@ import torch
 
 from ..spec.sampling import SamplingParams
 from ..spec.theory import expected_tokens
+from ..spec.costmodel import AutoGamma
 from ..spec.interfaces import Drafter, Proposal
 
 
@@ -85,34 +86,82 @@ class DraftBandit:
 
 
 class AutoDrafter:
-    """A `Drafter` that delegates each proposal to the arm the bandit ranks first. `name` is the arm
-    that made the last proposal (what the decode loop records per drafter)."""
+    """A `Drafter` that delegates each proposal to one of its arms. `name` is the arm that made the last
+    proposal (what the decode loop records per drafter), `source` the kind auto γ prices it by.
 
-    def __init__(self, bandit: DraftBandit, arms: dict[str, Drafter]) -> None:
+    Under a fixed γ the bandit's first-ranked arm proposes. Under auto γ (`policy` set) the proposal
+    is priced before it is made, per arm: every copying arm (the request's own context; the store of
+    earlier requests and siblings) looks up its match, and the copy whose best cut auto γ predicts to
+    pay most wins (α learned per source, sampling mode and match length: `Acceptance.of`). Only when
+    no copy is predicted to pay do the model arms (bigram, a draft model) propose, ranked by the
+    bandit, each at the width auto γ gives its own learned α, and only if that width pays. A copy
+    that does not pay is still returned when no model arm does, so that auto γ's probes keep
+    measuring it. The decode loop then cuts the proposal (`AutoGamma.choose`), as for any copy."""
+
+    def __init__(self, bandit: DraftBandit, arms: dict[str, Drafter], policy: AutoGamma | None = None) -> None:
         if not arms:
             raise ValueError("auto drafting needs at least one drafter")
-        self.bandit, self.arms = bandit, arms
+        self.bandit, self.arms, self.policy = bandit, arms, policy
         self.local: dict[str, Arm] = {}
         self.name = "auto"
+        self.source: str | None = None
+        self.copies = policy is not None  # auto γ cuts the proposal afterwards (spec/propose.py)
         self._last: str | None = None
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None, law=None) -> Proposal:
-        self._last = None
+        self._last = self.source = None
         if k <= 0:
             return Proposal.empty()
+        if self.policy is not None:
+            return self._priced(context, k, params, generator, law)
         for name in self.bandit.ranking(list(self.arms), self.local, k):
-            t = time.perf_counter()
-            proposal = self.arms[name].propose(context, k, params, generator, law=law)
+            proposal = self._from(name, context, k, params, generator, law)
             if len(proposal):
-                per_token = (time.perf_counter() - t) / len(proposal)
-                self.local[name].observe_cost(per_token)
-                with self.bandit.lock:
-                    self.bandit.arm(name).observe_cost(per_token)
-                    self.bandit.arm(name).chosen += 1
-                self._last = self.name = name
-                return proposal
+                return self._chose(name, proposal, getattr(self.arms[name], "source", None) or name)
         return Proposal.empty()
+
+    def _priced(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None,
+                law) -> Proposal:
+        mode = "greedy" if params.greedy else "sampled"
+        copies = []  # (predicted speed-up, arm, proposal, source)
+        for name, arm in self.arms.items():
+            if getattr(arm, "copies", False):
+                proposal = self._from(name, context, k, params, generator, law)
+                if len(proposal):
+                    source = getattr(arm, "source", None) or "context"
+                    gain = self.policy.best([(proposal.match, len(proposal), (source, mode))], 1)[1]
+                    copies.append((gain, name, proposal, source))
+        copies.sort(key=lambda c: -c[0])
+        if copies and copies[0][0] >= self.policy.min_gain:
+            return self._chose(*copies[0][1:])
+        models = [name for name, arm in self.arms.items() if not getattr(arm, "copies", False)]
+        for name in self.bandit.ranking(models, self.local, k) if models else []:
+            width, gain = self.policy.best([(None, k, (name, mode))], 1)
+            if width and gain >= self.policy.min_gain:
+                proposal = self._from(name, context, width, params, generator, law)
+                if len(proposal):
+                    return self._chose(name, proposal, name)
+        return self._chose(*copies[0][1:]) if copies else Proposal.empty()
+
+    def _from(self, name: str, context: list[int], k: int, params: SamplingParams,
+              generator: torch.Generator | None, law) -> Proposal:
+        """Arm `name`'s proposal, its drafting time per token recorded (the bandit's cost)."""
+        t = time.perf_counter()
+        proposal = self.arms[name].propose(context, k, params, generator, law=law)
+        if len(proposal):
+            per_token = (time.perf_counter() - t) / len(proposal)
+            self.local.setdefault(name, Arm()).observe_cost(per_token)
+            with self.bandit.lock:
+                self.bandit.arm(name).observe_cost(per_token)
+        return proposal
+
+    def _chose(self, name: str, proposal: Proposal, source: str) -> Proposal:
+        with self.bandit.lock:
+            self.bandit.arm(name).chosen += 1
+        self._last = self.name = name
+        self.source = source
+        return proposal
 
     def finish(self, context: list[int]) -> None:
         """The generation ended: arms that keep something of it (the suffix drafter's store) are told."""
@@ -126,7 +175,7 @@ class AutoDrafter:
             return
         self.arms[name].observe(num_proposed, num_accepted)
         rejected = float(num_accepted < num_proposed)
-        own = self.local[name]
+        own = self.local.setdefault(name, Arm())
         own.successes += num_accepted
         own.failures += rejected
         with self.bandit.lock:

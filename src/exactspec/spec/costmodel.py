@@ -286,14 +286,20 @@ class AutoGamma:
         tokens = sum(expected_tokens(self.acceptance.of(kind).alpha(m), min(gamma, avail)) for m, avail, kind in _kinds(rows))
         return tokens / len(rows) / self.cost.step_cost(gamma, batch or len(rows))
 
-    def choose(self, rows: list[tuple[int | None, int]], batch: int | None = None) -> int:
-        """The width γ (0 = plain) for one iteration; `rows`: (match length, proposal length) per row,
-        in a batch of `batch` rows (default: these rows)."""
+    def best(self, rows: list[tuple], batch: int | None = None) -> tuple[int, float]:
+        """-> (the width γ with the highest predicted speed-up for `rows`, that speed-up); no side
+        effects (`choose` adds the gain threshold and the probes)."""
         widest = min(max((row[1] for row in rows), default=0), self.max_gamma)
-        if widest <= 0:
-            return 0
         gamma = max(range(widest + 1), key=lambda g: (self.speedup(rows, g, batch), -g))
-        if gamma > 0 and self.speedup(rows, gamma, batch) >= self.min_gain:
+        return gamma, self.speedup(rows, gamma, batch)
+
+    def choose(self, rows: list[tuple[int | None, int]], batch: int | None = None) -> int:
+        """The width γ (0 = plain) for one iteration; `rows`: (match length, proposal length[, kind])
+        per row, in a batch of `batch` rows (default: these rows)."""
+        if min(max((row[1] for row in rows), default=0), self.max_gamma) <= 0:
+            return 0
+        gamma, gain = self.best(rows, batch)
+        if gamma > 0 and gain >= self.min_gain:
             return gamma
         self.plain_steps += 1
         if self.plain_steps >= self.probe_gap:
