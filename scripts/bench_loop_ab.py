@@ -12,7 +12,7 @@ so auto γ learns the same things in each; at T = 0 (and at T = 1 with a fixed �
 outputs of both commits must be identical, and the script says where they are not.
 
     .venv/bin/python scripts/bench_loop_ab.py OLD NEW [--backends torch,llama.cpp] [--workloads grounded,edit]
-        [--temperatures 0,1] [--gammas 4,auto] [--batch 1,4,8] [--prompts 2] [--reps 2] [--max-new-tokens 48]
+        [--temperatures 0,1] [--gammas 4,auto] [--drafters prompt-lookup,auto] [--batch 1,4,8] [--prompts 2] [--reps 2] [--max-new-tokens 48]
         [--json FILE]
 
 Ratios are NEW tokens/s over OLD tokens/s per row (prompts summed within a repetition, then the median
@@ -101,7 +101,8 @@ def main() -> int:
     p.add_argument("--backends", default="torch,llama.cpp")
     p.add_argument("--workloads", default="grounded,edit")
     p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--gammas", default="4,auto", help="comma list of γ (integers or auto); drafter prompt lookup")
+    p.add_argument("--gammas", default="4,auto", help="comma list of γ (integers or auto)")
+    p.add_argument("--drafters", default="prompt-lookup", help="comma list of drafters (names both commits know)")
     p.add_argument("--batch", default="1", help="comma list of batch sizes B: B > 1 runs generate_batch(n=B)")
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--reps", type=int, default=2)
@@ -140,19 +141,20 @@ def drive(workers: list[Worker], args, runs: list[dict]) -> None:
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     batches = [int(b) for b in args.batch.split(",")]
+    drafters = args.drafters.split(",")
     grid = list(itertools.product(range(args.reps), args.backends.split(","), args.workloads.split(","),
-                                  range(args.prompts), temperatures, gammas, batches))
+                                  range(args.prompts), temperatures, gammas, batches, drafters))
     for backend, workload in itertools.product(args.backends.split(","), args.workloads.split(",")):
-        for batch in sorted({1, max(batches)}):
+        for batch, drafter in itertools.product(sorted({1, max(batches)}), drafters):
             warm = dict(backend=backend, workload=workload, prompt=0, temperature=0.0, gamma=gammas[0],
-                        drafter="prompt-lookup", max_new_tokens=8, seed=0, threads=args.threads, dtype=args.dtype,
+                        drafter=drafter, max_new_tokens=8, seed=0, threads=args.threads, dtype=args.dtype,
                         batch=batch)
             for w in workers:  # load, measure T(k), first prefill (and first batch): outside every timing
                 w.run(warm)
     start = time.perf_counter()
-    for i, (rep, backend, workload, prompt, temperature, gamma, batch) in enumerate(grid):
+    for i, (rep, backend, workload, prompt, temperature, gamma, batch, drafter) in enumerate(grid):
         request = dict(backend=backend, workload=workload, prompt=prompt, temperature=temperature, gamma=gamma,
-                       drafter="prompt-lookup", max_new_tokens=args.max_new_tokens, seed=1000 * rep + prompt,
+                       drafter=drafter, max_new_tokens=args.max_new_tokens, seed=1000 * rep + prompt,
                        threads=args.threads, dtype=args.dtype, batch=batch)
         for w in workers[i % len(workers):] + workers[: i % len(workers)]:
             runs.append({**request, "rep": rep, "worker": w.name, **w.run(request)})
@@ -165,22 +167,22 @@ def report(runs: list[dict], names: list[str], args) -> list[dict]:
     """Per row: tokens/s of each worker (median over reps of prompts summed), NEW/OLD and OLD'/OLD."""
     rows = {}
     for r in runs:
-        key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]), r["batch"])
+        key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]), r["batch"], r["drafter"])
         cell = rows.setdefault(key, {}).setdefault(r["worker"], {}).setdefault(r["rep"], [0, 0.0])
         cell[0] += r["tokens"]
         cell[1] += r["seconds"]
     identical = {}
     for r in runs:  # NEW's tokens == OLD's, run by run
         if r["worker"] == "new":
-            same_run = ("backend", "workload", "temperature", "gamma", "batch", "prompt", "rep")
+            same_run = ("backend", "workload", "temperature", "gamma", "batch", "drafter", "prompt", "rep")
             old = next((o for o in runs if o["worker"] == "old" and all(o[k] == r[k] for k in same_run)), None)
             if old is None:  # interrupted before OLD's run of this one
                 continue
-            key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]), r["batch"])
+            key = (r["backend"], r["workload"], r["temperature"], str(r["gamma"]), r["batch"], r["drafter"])
             identical[key] = identical.get(key, True) and old["ids"] == r["ids"]
     table = []
     control_head = "" if "old'" not in names else "  " + "old'/old".rjust(8)
-    print(f"\n{'backend':9s} {'workload':8s} {'T':>3s} {'γ':>4s} {'B':>2s}  " + "  ".join(f"{n + ' tok/s':>11s}" for n in names)
+    print(f"\n{'backend':9s} {'workload':8s} {'T':>3s} {'γ':>4s} {'B':>2s} {'drafter':13s}  " + "  ".join(f"{n + ' tok/s':>11s}" for n in names)
           + f"  {'new/old':>8s}" + control_head + "  same tokens")
     for key, cells in rows.items():
         if any(n not in cells for n in names):
@@ -189,11 +191,11 @@ def report(runs: list[dict], names: list[str], args) -> list[dict]:
         reps = [rep for rep in tps["old"] if all(rep in tps[n] for n in names)]
         ratio = statistics.median(tps["new"][rep] / tps["old"][rep] for rep in reps)
         control = statistics.median(tps["old'"][rep] / tps["old"][rep] for rep in reps) if "old'" in names else None
-        row = dict(backend=key[0], workload=key[1], temperature=key[2], gamma=key[3], batch=key[4],
+        row = dict(backend=key[0], workload=key[1], temperature=key[2], gamma=key[3], batch=key[4], drafter=key[5],
                    tokens_per_s={n: statistics.median(tps[n].values()) for n in names}, new_over_old=ratio,
                    control_over_old=control, identical=identical.get(key, True))
         table.append(row)
-        print(f"{key[0]:9s} {key[1]:8s} {key[2]:3g} {key[3]:>4s} {key[4]:2d}  "
+        print(f"{key[0]:9s} {key[1]:8s} {key[2]:3g} {key[3]:>4s} {key[4]:2d} {key[5]:13s}  "
               + "  ".join(f"{row['tokens_per_s'][n]:11.1f}" for n in names) + f"  {ratio:8.3f}"
               + ("" if control is None else f"  {control:8.3f}") + f"  {'yes' if row['identical'] else 'NO'}")
     ratios = [r["new_over_old"] for r in table]

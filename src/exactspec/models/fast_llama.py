@@ -39,7 +39,7 @@ from .prefix_cache import prefill_prompt
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 INVARIANT_ROWS = 8  # rows per matmul in batch-invariant mode: one step of γ <= 7 verification is one chunk
-ATTN_BLOCK = 512  # invariant mode attends over whole blocks of this many keys (the same lengths alone or in a block)
+ATTN_BLOCK = 128  # invariant mode attends over whole blocks of this many keys (the same lengths alone or in a block)
 
 
 def supports(module: torch.nn.Module) -> bool:
@@ -308,10 +308,13 @@ def _invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     INVARIANT_ROWS (zero-padded) and the keys into blocks of exactly ATTN_BLOCK, so every q·Kᵀ and P·V
     matmul has one shape whatever k and end are, and the library picks one kernel for it. The softmax
     subtracts the max over all allowed keys (a max is exact in any order), sums each block on its own,
-    and adds the blocks' sums and P·V products in block order: a block beyond a query's position adds
-    exact zeros, so a query alone (end = its own block) and inside a wider call (one more block) get the
-    same bits. (A softmax and P·V over all `end` keys at once was invariant on an AMD EPYC but not on an
-    Intel Xeon with AMX, where the kernels for 512 and 1024 keys summed in different orders.)"""
+    and adds the blocks' sums and P·V products in block order (a cumulative sum: one sequential
+    reduction whatever the number of blocks): a block beyond a query's position adds exact zeros, so
+    a query alone (end = its own block) and inside a wider call (one more block) get the same bits.
+    The element-wise softmax skips the pad queries of a single chunk (whole rows of ATTN_BLOCK keys, so
+    every real row meets the same vector code), and the P·V matmul gets them back as zero rows. (A
+    softmax and P·V over all `end` keys at once was invariant on an AMD EPYC but not on an Intel Xeon
+    with AMX, where the kernels for 512 and 1024 keys summed in different orders.)"""
     B, H, k, d = q.shape
     R, A = INVARIANT_ROWS, ATTN_BLOCK
     if keys.shape[2] % A:  # a model whose context is not whole blocks: zero keys, masked below
@@ -323,17 +326,18 @@ def _invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     qg = F.pad(qg, (0, 0, 0, 0, 0, pad)).reshape(B, Hkv, chunks, 1, R * G, d)
     kb = keys.float().view(B, Hkv, 1, blocks, A, d)
     scores = (qg @ kb.transpose(-1, -2) * d ** -0.5).view(B, Hkv, chunks, blocks, R, G, A)
+    rows = k if chunks == 1 else R  # query rows the softmax computes per chunk
+    scores = scores[:, :, :, :, :rows]
     padded = torch.cat([positions, positions[:, -1:].expand(B, pad)], 1)  # pad queries: any valid row
     allowed = torch.arange(end, device=q.device) <= padded[..., None]  # [B, k+pad, end]
-    allowed = allowed.view(B, chunks, R, blocks, A).transpose(2, 3)[:, None, :, :, :, None]  # [B,1,c,n,R,1,A]
+    allowed = allowed.view(B, chunks, R, blocks, A).transpose(2, 3)[:, None, :, :, :rows, None]  # [B,1,c,n,r,1,A]
     scores = scores.masked_fill(~allowed, float("-inf"))
-    top = scores.amax(dim=(3, 6), keepdim=True)  # [B, Hkv, chunks, 1, R, G, 1]
+    top = scores.amax(dim=(3, 6), keepdim=True)  # [B, Hkv, chunks, 1, r, G, 1]
     probs = (scores - top).exp()  # masked keys: exact zeros
-    sums = probs.sum(-1)  # [B, Hkv, chunks, blocks, R, G]
+    sums = probs.sum(-1)  # [B, Hkv, chunks, blocks, r, G]
+    probs = F.pad(probs, (0, 0, 0, 0, 0, R - rows))  # the pad rows back, as zeros: [.., blocks, R, G, A]
     parts = probs.view(B, Hkv, chunks, blocks, R * G, A) @ values.float().view(B, Hkv, 1, blocks, A, d)
-    total, weighted = sums[:, :, :, 0], parts[:, :, :, 0]  # in block order: [B,Hkv,c,R,G], [B,Hkv,c,R·G,d]
-    for j in range(1, blocks):
-        total, weighted = total + sums[:, :, :, j], weighted + parts[:, :, :, j]
-    out = weighted.view(B, Hkv, chunks, R, G, d) / total[..., None]
-    out = out.view(B, Hkv, k + pad, G, d)[:, :, :k]  # [B, Hkv, k, G, d]
+    total = sums.cumsum(3)[:, :, :, -1]  # in block order: [B, Hkv, c, r, G]
+    weighted = parts.cumsum(3)[:, :, :, -1].view(B, Hkv, chunks, R, G, d)[:, :, :, :rows]  # [B, Hkv, c, r, G, d]
+    out = (weighted / total[..., None]).reshape(B, Hkv, chunks * rows, G, d)[:, :, :k]  # [B, Hkv, k, G, d]
     return out.transpose(2, 3).reshape(B, H, k, d).to(q.dtype)

@@ -33,7 +33,7 @@ from ..cachedir import cache_dir, file_identity
 from ..device import cpu_flags, cpu_name
 from .fast_llama import ATTN_BLOCK, FastLlamaLM
 
-VERSION = 1  # bump when the test or the candidates change: old cache entries are then ignored
+VERSION = 2  # bump when the test or the candidates change: old cache entries are then ignored
 STRETCH = 33  # tokens compared: auto γ's widest verification (MAX_AUTO_GAMMA + 1)
 BLOCKS = (5, 8, 3, 17)  # block sizes that tile the stretch: partial and whole 8-row chunks, the boundary
 START = ATTN_BLOCK - 4  # the stretch starts 4 tokens before the first key-block boundary
