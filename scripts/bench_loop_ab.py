@@ -15,6 +15,9 @@ outputs of both commits must be identical, and the script says where they are no
         [--temperatures 0,1] [--gammas 4,auto] [--drafters prompt-lookup,auto] [--batch 1,4,8] [--prompts 2] [--reps 2] [--max-new-tokens 48]
         [--json FILE]
 
+`--workloads selfconsistency --temperatures 0.7 --batch 8` runs the self-consistency prompts (sent from
+this checkout's workload file, so an OLD commit without it runs them too) as n = 8 samples per batch.
+
 Ratios are NEW tokens/s over OLD tokens/s per row (prompts summed within a repetition, then the median
 over repetitions); > 1 means NEW is faster.
 """
@@ -50,7 +53,7 @@ for line in sys.stdin:
     engine = engines[backend]
     key = (backend, req["workload"])
     if key not in prompts:
-        texts[key] = [c.prompt for c in load_cases(req["workload"])]
+        texts[key] = req.get("texts") or [c.prompt for c in load_cases(req["workload"])]
         prompts[key] = [engine.encode(text) for text in texts[key]]
     if req.get("batch", 1) > 1:  # B rows of one batch: the prompt's B samples (seeds seed .. seed + B - 1)
         t = time.perf_counter()
@@ -136,6 +139,15 @@ def main() -> int:
     return 0
 
 
+def prompt_texts(workload: str) -> list[str] | None:
+    """The prompts of a workload the OLD commit may not have (sent with each request); None: its own."""
+    if workload != "selfconsistency":
+        return None
+    from exactspec.bench.selfconsistency import load_selfconsistency
+
+    return load_selfconsistency()["prompts"]
+
+
 def drive(workers: list[Worker], args, runs: list[dict]) -> None:
     """Every (rep, backend, workload, prompt, T, γ, B) run on every worker, back to back, order rotating."""
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
@@ -148,16 +160,17 @@ def drive(workers: list[Worker], args, runs: list[dict]) -> None:
         for batch, drafter in itertools.product(sorted({1, max(batches)}), drafters):
             warm = dict(backend=backend, workload=workload, prompt=0, temperature=0.0, gamma=gammas[0],
                         drafter=drafter, max_new_tokens=8, seed=0, threads=args.threads, dtype=args.dtype,
-                        batch=batch)
+                        batch=batch, texts=prompt_texts(workload))
             for w in workers:  # load, measure T(k), first prefill (and first batch): outside every timing
                 w.run(warm)
     start = time.perf_counter()
     for i, (rep, backend, workload, prompt, temperature, gamma, batch, drafter) in enumerate(grid):
         request = dict(backend=backend, workload=workload, prompt=prompt, temperature=temperature, gamma=gamma,
                        drafter=drafter, max_new_tokens=args.max_new_tokens, seed=1000 * rep + prompt,
-                       threads=args.threads, dtype=args.dtype, batch=batch)
+                       threads=args.threads, dtype=args.dtype, batch=batch, texts=prompt_texts(workload))
         for w in workers[i % len(workers):] + workers[: i % len(workers)]:
-            runs.append({**request, "rep": rep, "worker": w.name, **w.run(request)})
+            runs.append({**{k: v for k, v in request.items() if k != "texts"}, "rep": rep, "worker": w.name,
+                         **w.run(request)})
         if i % 10 == 9:
             print(f"  {i + 1}/{len(grid)} runs x {len(workers)} workers, {time.perf_counter() - start:.0f} s",
                   file=sys.stderr)

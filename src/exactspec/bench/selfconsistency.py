@@ -32,7 +32,7 @@ def load_selfconsistency() -> dict:
 
 METHODS = (  # (method, drafter, γ, store on)
     ("exactspec-plain", None, 0, False),
-    ("exactspec-spec", "auto", "auto", False),
+    ("exactspec-spec", "auto", "auto", True),
     ("exactspec-spec", "prompt-lookup", "auto", False),
     ("exactspec-spec", "suffix", "auto", True),
 )
