@@ -48,7 +48,7 @@ def test_negative_control_of_the_verifier_check_fails():
 
 def test_the_layout_auto_picks_is_bit_equal_across_a_key_block_boundary(embedded, tmp_path, monkeypatch):
     """Whatever this CPU is, the layout `dtype auto` picks by its self-test scores a token inside a
-    block (of 3, 11 or 19 tokens, crossing invariant attention's 512-key boundary and its 8-row chunks)
+    block (of 3, 11 or 19 tokens, crossing invariant attention's ATTN_BLOCK-key boundary and its 8-row chunks)
     exactly as scoring it alone, bit for bit; if no layout passed, the fallback is float32 and the engine
     says greedy identity is by tolerance. A second choice comes from the cache."""
     monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))

@@ -222,9 +222,11 @@ class FastLlamaLM:
         if not invariant:
             return fn(x)
         rows = x.reshape(-1, x.shape[-1])  # [M, K]
-        chunks = F.pad(rows, (0, 0, 0, -rows.shape[0] % INVARIANT_ROWS)).split(INVARIANT_ROWS)
+        if rows.shape[0] % INVARIANT_ROWS:
+            rows = F.pad(rows, (0, 0, 0, -rows.shape[0] % INVARIANT_ROWS))
+        chunks = rows.split(INVARIANT_ROWS)
         out = fn(chunks[0]) if len(chunks) == 1 else torch.cat([fn(chunk) for chunk in chunks])
-        return out[: rows.shape[0]].view(*x.shape[:-1], -1)
+        return out[: x.numel() // x.shape[-1]].view(*x.shape[:-1], -1)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, invariant: bool) -> torch.Tensor:
         return self._per_row(lambda rows: F.linear(rows, weight, bias), x, invariant)

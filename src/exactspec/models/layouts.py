@@ -8,7 +8,7 @@ candidate is tried on the model itself:
 
   1. time: T(1) (a decode step at a ~510-token context) and T(8) (an 8-token verification there);
   2. qualify, fastest first: logits of a 33-token stretch (auto γ's widest verification) scored in
-     blocks of 33, 5, 8, 3 and 17 tokens, crossing the invariant attention's 512-key block boundary and
+     blocks of 33, 5, 8, 3 and 17 tokens, crossing the invariant attention's ATTN_BLOCK-key block boundary and
      its 8-row chunks, must equal scoring it one token at a time, bit for bit;
   3. the fastest qualifier by T(1) wins; qualifiers within 5% of it are ranked by T(8). Layouts slower
      than a qualifier by more than that are not qualified at all (they could not win).
