@@ -290,8 +290,15 @@ class AutoGamma:
         """-> (the width γ with the highest predicted speed-up for `rows`, that speed-up); no side
         effects (`choose` adds the gain threshold and the probes)."""
         widest = min(max((row[1] for row in rows), default=0), self.max_gamma)
-        gamma = max(range(widest + 1), key=lambda g: (self.speedup(rows, g, batch), -g))
-        return gamma, self.speedup(rows, gamma, batch)
+        alphas = [(self.acceptance.of(kind).alpha(m), avail) for m, avail, kind in _kinds(rows)]
+        batch = batch or len(rows)
+        best, gain = 0, 0.0
+        for g in range(widest + 1):  # the same arithmetic as `speedup`, each row's α looked up once
+            tokens = sum(expected_tokens(alpha, min(g, avail)) for alpha, avail in alphas)
+            value = tokens / len(rows) / self.cost.step_cost(g, batch)
+            if value > gain:  # ties: the smaller γ
+                best, gain = g, value
+        return best, gain
 
     def choose(self, rows: list[tuple[int | None, int]], batch: int | None = None) -> int:
         """The width γ (0 = plain) for one iteration; `rows`: (match length, proposal length[, kind])
