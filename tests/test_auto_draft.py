@@ -12,6 +12,7 @@ from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.spec.sampling import SamplingParams
+from exactspec.spec.costmodel import AutoGamma, CostModel
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB, tiny_llama
@@ -95,3 +96,49 @@ def test_engine_auto_learns_across_requests_and_reports_choices():
     more = Stats()
     list(engine.stream_ids(copying, SamplingParams(temperature=1.0), 24, seed=1, stats=more))
     assert sum(a.chosen for a in bandit.arms.values()) == stats.draft_calls + more.draft_calls  # kept per engine
+
+
+def priced_auto(bandit, policy):
+    arms = {"prompt-lookup": PromptLookupDrafter(), "bigram": NGramDrafter(TINY_VOCAB)}
+    return AutoDrafter(bandit, arms, policy)
+
+
+def test_under_auto_gamma_a_priced_copy_comes_before_the_bandits_favourite():
+    """The bandit is sure bigram is best, but a long copy is priced first: the copy proposes, to be
+    cut by auto γ (the drafter says it copies, and from where)."""
+    bandit = DraftBandit(FLAT)
+    bandit.arm("bigram").successes, bandit.arm("bigram").failures = 1000, 1
+    policy = AutoGamma(CostModel(FLAT * 4, 0.0))
+    drafter = priced_auto(bandit, policy)
+    assert drafter.copies
+    context = [3, 5, 2, 3, 5, 7, 2, 3, 5, 7, 2, 3, 5, 7]
+    proposal = drafter.propose(context, 8, SamplingParams(temperature=0), None)
+    assert drafter.name == "prompt-lookup" and drafter.source == "context" and len(proposal) and proposal.match >= 3
+
+
+def test_a_copy_that_does_not_pay_leaves_the_turn_to_a_model_arm():
+    """Auto γ has learned that this kind of copy is always rejected: the bigram arm proposes instead,
+    at the width auto γ gives its own acceptance; with no model arm the copy is still returned (so
+    that auto γ's probes keep measuring it)."""
+    policy = AutoGamma(CostModel(FLAT * 4, 0.0))
+    for _ in range(200):
+        for m in (1, 2, 3, 4, 6, 10, 20, 40):
+            policy.acceptance.of(("context", "greedy")).observe(4, 0, m)
+    context = [3, 5, 2, 3, 5, 7, 2, 3, 5, 7, 2, 3, 5, 7]
+    drafter = priced_auto(DraftBandit(FLAT), policy)
+    proposal = drafter.propose(context, 8, SamplingParams(temperature=0), None)
+    assert drafter.name == "bigram" and drafter.source == "bigram" and 0 < len(proposal) <= 8
+    alone = AutoDrafter(DraftBandit(FLAT), {"prompt-lookup": PromptLookupDrafter()}, policy)
+    assert len(alone.propose(context, 8, SamplingParams(temperature=0), None)) and alone.source == "context"
+
+
+def test_engine_auto_draft_auto_gamma_is_greedy_identical_with_a_store():
+    target = FastLlamaLM(tiny_llama(0), eos_token_ids=set(), capacity=64)
+    engine = Engine(target, tokenizer=None, draft="auto", gamma="auto", chat_template=False)
+    assert engine.drafts.store is not None  # the store is one of auto's arms
+    copying = [3, 5, 2, 3, 5, 7, 2] * 4
+    plain = list(engine.stream_ids(copying, SamplingParams(temperature=0), 24, gamma=0))
+    for _ in range(2):  # the second request finds the first one's text in the store
+        stats = Stats()
+        assert list(engine.stream_ids(copying, SamplingParams(temperature=0), 24, stats=stats)) == plain
+        assert set(stats.drafts_by) <= {"prompt-lookup", "store", "bigram"}

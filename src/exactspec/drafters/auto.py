@@ -1,18 +1,24 @@
 """`--draft auto`: choose among the available drafters per iteration, by measured acceptance x cost.
 
 The seed paper's point: the right draft depends on the target and the workload (prompt lookup wins
-when the answer copies the prompt, an n-gram or a draft model when it does not). A small bandit over
-the cost model decides: each drafter ("arm") keeps a Beta posterior over its per-token acceptance α
-and a measured cost per proposed token c; before each proposal every arm draws an α from its
-posterior (Thompson sampling) and scores max_γ E[tokens](α, γ) / step_cost(γ, c) (Leviathan et al.,
-Theorem 3.8, with the target's measured T(k)); the best arm proposes. If it has nothing to propose
-(prompt lookup without a match), the next best does.
+when the answer copies the prompt, an n-gram or a draft model when it does not). Two kinds of arm:
 
-What earlier requests taught is kept per engine (`DraftBandit`), shrunk to a bounded weight, and
-each request adds its own outcomes on top, so a request that copies its prompt switches to prompt
-lookup within a few iterations even after many chat requests. Exactness is untouched: whichever arm
-proposes, its proposal and draft law go to the same verifier. At T > 0 a seed fixes the output only
-given the bandit's state (the choice of arm depends on what earlier requests taught it).
+- Copying arms (prompt lookup over the request's own context; the store of earlier requests and
+  running siblings, drafters/suffix.py) report a match length. Under auto γ each copy is priced
+  BEFORE it is proposed: auto γ's learned acceptance for that source, sampling mode and match length
+  (`Acceptance.of`) and the target's measured T(k) give the best cut's predicted speed-up, and the
+  copy that pays most wins. A copy inside a long verbatim run is nearly certain; a one-token match
+  in open chat nearly never is: one α for both, as a bandit over arms keeps, prices both wrong.
+- Model arms (bigram, a draft model) have no match length: a small bandit ranks them (each keeps a
+  Beta posterior over its per-token acceptance α and a measured cost per proposed token c; Thompson
+  sampling scores max_γ E[tokens](α, γ) / step_cost(γ, c), Leviathan et al. Theorem 3.8 with the
+  measured T(k)). They propose only when no copy is predicted to pay, at the γ auto γ gives them.
+
+Under a fixed γ there is no price per copy: the bandit ranks every arm. What earlier requests taught
+is kept per engine (`DraftBandit`, and the engine's `Acceptance`), shrunk to a bounded weight, and
+each request adds its own outcomes on top. Exactness is untouched: whichever arm proposes, its
+proposal and draft law go to the same verifier. At T > 0 a seed fixes the output only given what
+the engine has learned (the choice of arm depends on it).
 """
 
 from __future__ import annotations
@@ -118,7 +124,8 @@ class AutoDrafter:
         for name in self.bandit.ranking(list(self.arms), self.local, k):
             proposal = self._from(name, context, k, params, generator, law)
             if len(proposal):
-                return self._chose(name, proposal, getattr(self.arms[name], "source", None) or name)
+                source = getattr(self.arms[name], "source", None)  # a copy's "context" / "store"
+                return self._chose(name, proposal, source if isinstance(source, str) else name)
         return Proposal.empty()
 
     def _priced(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None,
