@@ -339,3 +339,33 @@ def test_greedy_identity_long_proposals(engine):
         stats = Stats()
         assert ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats) == ref, f"gamma={gamma}"
         assert max(i for i, n in enumerate(stats.run_lengths) if n) >= 8, stats.run_lengths
+
+
+def test_one_token_steps_equal_blocks_past_the_thread_split(engine):
+    """Whatever this CPU is: after the load-time thread self-test (llama_cpp_threads.py), a block of 8
+    tokens scored at a 300- and a 600-token context equals the same tokens scored one at a time, bit
+    for bit, or the engine says greedy identity rests on tolerance. (On a 2-core Intel Xeon with AMX
+    two threads split one-token attention past ~256 tokens: 0.97 off at 300, greedy choices flipped;
+    one-token steps then run on one thread.)"""
+    from exactspec.models.llama_cpp_threads import BLOCK, block_vs_steps
+
+    lm = engine.target
+    identity = engine.runtime()["greedy_identity"]
+    ids = torch.randint(0, lm.vocab_size, (600 + BLOCK,), generator=torch.Generator().manual_seed(3)).tolist()
+    diffs = [block_vs_steps(lm, ids[: c + BLOCK], c) for c in (300, 600)]
+    if "bit-exact" in identity:
+        assert diffs == [0.0, 0.0], (identity, diffs)
+    else:
+        assert "tolerance" in identity, identity
+
+
+def test_greedy_identity_past_256_tokens(engine):
+    """A 300-token prompt (past the point where two threads split one-token attention on some CPUs):
+    speculative == plain decoding, token for token, when the engine says it is bit-exact."""
+    if "bit-exact" not in engine.runtime()["greedy_identity"]:
+        pytest.skip("llama.cpp is not bit-exact on this CPU (the engine says so)")
+    text = " ".join(load_workload("grounded"))
+    ids = engine.encode(text)[:300]
+    plain = ours(engine, ids, 0, "none", n=24)
+    assert ours(engine, ids, "auto", "prompt-lookup", n=24) == plain
+    assert ours(engine, ids, 8, "bigram", n=24) == plain

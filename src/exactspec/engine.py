@@ -53,7 +53,7 @@ class Engine:
 
     def runtime(self) -> dict:
         """Device, dtype, what greedy identity rests on, hardware (see `loading.runtime`)."""
-        return runtime(self.device, self.dtype, self.layout, self.hardware)
+        return runtime(self.device, self.dtype, self.layout, self.hardware, getattr(self.target, "identity", ""))
 
     def set_prefix_cache(self, budget_mb: float | None) -> None:
         """Keep the KV of recent sequences across requests, reusing the longest cached prompt prefix

@@ -35,13 +35,13 @@ class Loaded:
     hardware: str = "device cpu"
 
 
-def runtime(device: str, dtype: str, layout: Choice | None, hardware: str) -> dict:
+def runtime(device: str, dtype: str, layout: Choice | None, hardware: str, gguf_identity: str = "") -> dict:
     """Where and in which dtype the target computes, and on what greedy identity rests (the dtype
     self-test's verdict): for `generate --json` stats, `serve`'s start-up log and `/v1/models`."""
     if layout is not None:
         identity = "bit-exact (self-test)" if layout.exact else "by tolerance (no layout passed the self-test)"
     elif dtype == "gguf":
-        identity = "not self-tested at load (llama.cpp; the test suite checks greedy identity on the embedded GGUF)"
+        identity = f"llama.cpp: {gguf_identity}"
     else:
         identity = "not self-tested (dtype given, or a GPU / an adapter without the lean forward)"
     return {"device": device, "dtype": dtype, "greedy_identity": identity, "hardware": hardware}
@@ -141,11 +141,13 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
     are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter name or a path to
     a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch, flash_attn, ...)."""
     from .models.llama_cpp import load_llama_cpp  # lazy: llama.cpp is an optional extra
+    from .models.llama_cpp_threads import choose_threads
 
     path = path or embedded_model_path()
     if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
     target = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
+    target.identity = choose_threads(target).describe()  # one-token steps bit-equal to blocks, if any threads are
     tokenizer = load_tokenizer(path)
     draft_lm = None
     if draft not in DRAFT_NAMES:

@@ -19,6 +19,10 @@ and this model family is sensitive enough for that to move logits by 1-3 and fli
   an f32 cache from KV length ~60 on);
 - with flash attention, ubatches of up to 63 tokens give bitwise-identical logits to one-token steps,
   while ubatches of 64+ take another (tiled) kernel whose results differ.
+- with two threads, a one-token step's flash attention may split its keys across the threads past
+  ~256 tokens of context and add the parts in another order than a block does (an Intel Xeon with AMX:
+  0.97 off at 300 tokens): the load-time self-test (llama_cpp_threads.py) then runs one-token steps on
+  one thread.
 So verifying γ+1 tokens in one call reproduces one-token-at-a-time decoding exactly only with flash
 attention on and γ+1 < 64: we turn flash attention on by default. For our greedy output to also equal
 llama.cpp's OWN `Llama.generate` (which prefills the whole prompt in one batch, while we prefill
@@ -26,9 +30,10 @@ prompt[:-1] and then feed the last token with the drafts), every ubatch must sta
 regime: n_ubatch defaults to 32 (prefill ~1.2-1.4x slower than with 512 here). The bench anchors use the
 same context settings. Measured with llama-cpp-python 0.3.36 on an AVX-512 CPU; tests check it.
 
-Threads: llama.cpp uses `n_threads` for single-token batches and `n_threads_batch` for larger ones; we
-set both to the same number, or plain decoding (1 token) and verification (γ+1 tokens) would run on
-different thread counts and the cost model would compare unlike things.
+Threads: llama.cpp uses `n_threads` for single-token batches and `n_threads_batch` for larger ones. Both
+are `threads`, unless the load-time self-test (llama_cpp_threads.py) finds that one-token steps on
+several threads are not bit-equal to blocks on this CPU: then one-token steps run on one thread. The
+cost model measures T(1) and T(k) as they then run.
 """
 
 from __future__ import annotations
@@ -156,6 +161,8 @@ class LlamaCppLM(OneRow):
         self._lib = llama_cpp
         self.path = path
         self.threads = threads or default_threads()
+        self.single_threads = self.threads  # one-token steps (llama_cpp_threads.py may lower it at load)
+        self.identity = "not self-tested at load"  # what greedy identity rests on (llama_cpp_threads.py)
         train_ctx = _train_context(path)
         want = n_ctx or (min(DEFAULT_N_CTX, train_ctx) if train_ctx > 0 else DEFAULT_N_CTX)
         self.n_batch = max(1, min(n_batch, want))
@@ -188,7 +195,12 @@ class LlamaCppLM(OneRow):
     def context_kwargs(self, n_ctx: int | None = None) -> dict:
         """Context settings of this adapter, for another `Llama` over the same file (bench anchors)."""
         return dict(n_ctx=n_ctx or self.max_length, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                    n_threads=self.threads, n_threads_batch=self.threads, **self.llama_kwargs)
+                    n_threads=self.single_threads, n_threads_batch=self.threads, **self.llama_kwargs)
+
+    def set_single_threads(self, n: int) -> None:
+        """Threads of one-token steps (blocks keep `threads`): see llama_cpp_threads.py."""
+        self.single_threads = n
+        self._lib.llama_set_n_threads(self.ctx, n, self.threads)
 
     # --- cache -------------------------------------------------------------------------------
     @property
