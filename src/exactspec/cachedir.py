@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
+import time
 from pathlib import Path
 
 _EDGE = 1 << 20  # bytes hashed at each end of a file
@@ -34,3 +36,19 @@ def file_identity(path: str | os.PathLike) -> str:
                 fh.seek(-_EDGE, os.SEEK_END)
                 h.update(fh.read(_EDGE))
     return h.hexdigest()[:20]
+
+
+def machine_key(version: object, *parts: object) -> str:
+    """A short hex key for something measured on this CPU: `version`, the CPU's model, architecture and
+    flags, then `parts` (library versions, settings, a file identity)."""
+    from .device import cpu_flags, cpu_name
+
+    text = "|".join([str(version), cpu_name(), platform.machine(), " ".join(sorted(cpu_flags())), *map(str, parts)])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a cache entry so that a reader never sees half of it (a temporary file, then a rename)."""
+    tmp = path.with_suffix(f".tmp{time.time_ns()}")
+    tmp.write_text(text)
+    tmp.replace(path)

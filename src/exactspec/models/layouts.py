@@ -19,9 +19,7 @@ The decision and its figures are cached per CPU model + flags + torch version + 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,8 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .. import progress
-from ..cachedir import cache_dir, file_identity
-from ..device import cpu_flags, cpu_name
+from ..cachedir import cache_dir, file_identity, machine_key, write_atomic
 from .fast_llama import ATTN_BLOCK, FastLlamaLM
 
 VERSION = 2  # bump when the test or the candidates change: old cache entries are then ignored
@@ -189,10 +186,8 @@ def pick(trials: list[Trial]) -> Choice:
 
 def cache_key(model_path: str | None) -> str:
     """CPU model name + flags + torch version + threads + the model file's identity."""
-    cpu = cpu_name() + "|" + platform.machine()
     model = file_identity(model_path) if model_path else "unknown"
-    text = f"{VERSION}|{cpu}|{' '.join(sorted(cpu_flags()))}|{torch.__version__}|{torch.get_num_threads()}|{model}"
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    return machine_key(VERSION, torch.__version__, torch.get_num_threads(), model)
 
 
 def choose_layout(module: torch.nn.Module, model_path: str | None, refresh: bool = False) -> Choice:
@@ -210,7 +205,5 @@ def choose_layout(module: torch.nn.Module, model_path: str | None, refresh: bool
     progress.status("choosing the dtype: self-test of each layout on this CPU (once per machine and model)")
     with progress.timed("dtype self-test"):
         choice = self_test(module)
-    tmp = path.with_suffix(f".tmp{time.time_ns()}")
-    tmp.write_text(json.dumps(asdict(choice), indent=1))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(asdict(choice), indent=1))
     return choice

@@ -16,17 +16,13 @@ CONTEXT tokens, a few seconds, once per machine).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import platform
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 
 from .. import progress
-from ..cachedir import cache_dir, file_identity
-from ..device import cpu_flags, cpu_name
+from ..cachedir import cache_dir, file_identity, machine_key, write_atomic
 
 VERSION = 1  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the block: past the 256-key point where the split was seen
@@ -80,17 +76,13 @@ def choose_threads(lm) -> Verdict:
                 verdict = Verdict(1, True, diff)
             else:
                 lm.set_single_threads(lm.threads)
-    tmp = path.with_suffix(f".tmp{time.time_ns()}")
-    tmp.write_text(json.dumps({k: v for k, v in asdict(verdict).items() if k != "cached"}))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({k: v for k, v in asdict(verdict).items() if k != "cached"}))
     return verdict
 
 
 def _key(lm) -> str:
-    """CPU model + flags + llama-cpp-python version + the adapter's settings + the model file."""
+    """CPU (machine_key) + llama-cpp-python version + the adapter's settings + the model file."""
     import llama_cpp
 
     settings = json.dumps({k: v for k, v in lm.context_kwargs().items() if k != "n_threads"}, sort_keys=True, default=str)
-    text = (f"{VERSION}|{cpu_name()}|{platform.machine()}|{' '.join(sorted(cpu_flags()))}|{llama_cpp.__version__}|"
-            f"{settings}|repack={lm.repack}|{file_identity(lm.path)}")
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    return machine_key(VERSION, llama_cpp.__version__, settings, f"repack={lm.repack}", file_identity(lm.path))
