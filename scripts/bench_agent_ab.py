@@ -46,7 +46,7 @@ for line in sys.stdin:
     if req["drafter"] == "llamacpp-cache":  # llama-cpp-python's completion API and prompt cache
         from exactspec.bench.agent import llamacpp_cache_agent_method
         from exactspec.embedded import embedded_model_path
-        from exactspec.spec.sampling import SamplingParams
+        from exactspec.speculative.sampling import SamplingParams
         method = llamacpp_cache_agent_method(engine, embedded_model_path(), req["cache_mb"], None)
         method.begin()
         def step(messages, seed):

@@ -21,7 +21,7 @@ from exactspec.device import cpu_name
 from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from exactspec.models.torch_hf import load_tokenizer
 from exactspec.embedded import embedded_model_path
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 

@@ -8,16 +8,16 @@ import itertools
 
 import torch
 
-from exactspec.spec.loop import decode
-from exactspec.spec.loop import decode_batch
+from exactspec.speculative.loop import decode
+from exactspec.speculative.loop import decode_batch
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.models.torch_hf import HFCausalLM
-from exactspec.spec.sampling import SamplingParams, warp
-from exactspec.spec.verify import verify_reference
-from exactspec.spec.verify_torch import verify_rows
+from exactspec.speculative.sampling import SamplingParams, warp
+from exactspec.speculative.verify import verify_reference
+from exactspec.speculative.verify_torch import verify_rows
 
 VOCAB = 8
 PROMPT = [3, 5, 2, 3, 5]

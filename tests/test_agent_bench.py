@@ -6,7 +6,7 @@ import pytest
 
 from exactspec.bench.agent import build_agent_methods, load_agent_workload, replay, run_agent_bench
 from exactspec.errors import ExactSpecError
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.sampling import SamplingParams
 from exactspec.server.cli import add_serve_subcommand, cmd_serve
 
 

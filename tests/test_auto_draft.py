@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from exactspec.spec.loop import decode
+from exactspec.speculative.loop import decode
 from exactspec.drafters.auto import AutoDrafter, DraftBandit
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
 from exactspec.models.fast_llama import FastLlamaLM
-from exactspec.spec.sampling import SamplingParams
-from exactspec.spec.costmodel import AutoGamma, CostModel
+from exactspec.speculative.sampling import SamplingParams
+from exactspec.speculative.costmodel import AutoGamma, CostModel
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB, tiny_llama

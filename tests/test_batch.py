@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.spec.costmodel import AutoGamma, CostModel, measure_target
-from exactspec.spec.loop import decode
-from exactspec.spec.loop import BatchDecoder, Row, decode_batch
+from exactspec.speculative.costmodel import AutoGamma, CostModel, measure_target
+from exactspec.speculative.loop import decode
+from exactspec.speculative.loop import BatchDecoder, Row, decode_batch
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.errors import ExactSpecError
 from exactspec.models.fast_llama import FastLlamaLM
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB, tiny_llama
@@ -112,7 +112,7 @@ def sample_batched_counts(target, params, verifier, batches=750, rows=4):
 
 @pytest.mark.usefixtures("one_thread")
 def test_batched_rows_follow_target_law(fast_tiny):
-    from exactspec.spec.verify import verify
+    from exactspec.speculative.verify import verify
 
     params = SamplingParams(temperature=1.0)
     law = exact_law(fast_tiny, params)
@@ -280,9 +280,9 @@ def test_device_rule_equals_host_rule(fast_tiny, tiny_draft, monkeypatch):
     """The GPU's rule (every sampled row verified in ONE batched tensor op, verify_torch.py), run here on
     the CPU, gives each row the tokens of the per-row NumPy verifier: same uniforms, same rule. Rows with
     point-mass and with model drafts share the op (the former get one-hot draft laws)."""
-    import exactspec.spec.loop as loop
+    import exactspec.speculative.loop as loop
     from exactspec.drafters.model import ModelDrafter
-    from exactspec.spec.accept import ON_DEVICE
+    from exactspec.speculative.accept import ON_DEVICE
 
     params = SamplingParams(temperature=1.0, top_k=6)
 
@@ -301,7 +301,7 @@ def test_point_mass_drafts_leave_sampled_text_as_plain_decoding(fast_tiny, monke
     """At T > 0 a row with point-mass drafts (prompt lookup, a store, grammar-forced tokens) emits, for a
     seed, exactly the tokens plain decoding samples from that seed: each position's token comes from that
     position's uniform (verify_coupled, Uniforms), whatever γ, batch or rule (host or device)."""
-    import exactspec.spec.loop as loop
+    import exactspec.speculative.loop as loop
 
     if device_rule:
         real = loop.acceptance

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from exactspec.bench.runner import build_methods, methods_for, run_bench, to_markdown
 from exactspec.bench.workloads import WORKLOADS, load_cases, load_workload, schema_valid
-from exactspec.spec.law import grammar_from_spec
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.law import grammar_from_spec
+from exactspec.speculative.sampling import SamplingParams
 
 
 def test_json_workload_is_shipped_data():

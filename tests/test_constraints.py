@@ -10,13 +10,13 @@ import itertools
 import pytest
 import torch
 
-from exactspec.spec.law import Matcher, Penalties, TargetLaw, grammar_from_spec
-from exactspec.spec.loop import decode
-from exactspec.spec.loop import decode_batch
+from exactspec.speculative.law import Matcher, Penalties, TargetLaw, grammar_from_spec
+from exactspec.speculative.loop import decode
+from exactspec.speculative.loop import decode_batch
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.errors import ExactSpecError
-from exactspec.spec.sampling import SamplingParams, warp
+from exactspec.speculative.sampling import SamplingParams, warp
 
 from .conftest import TINY_VOCAB
 from .test_exactness import chi_square_p
@@ -174,7 +174,7 @@ def test_greedy_constrained_speculative_equals_plain(tiny_target, tiny_draft, ll
 def test_forced_tokens_are_proposed_whatever_gamma(tiny_target, llg_tok, drafter):
     """A forced run longer than γ is proposed whole (forced tokens are outside the drafter's budget),
     also when auto γ would not speculate at all; greedy output == constrained plain."""
-    from exactspec.spec.costmodel import AutoGamma, CostModel
+    from exactspec.speculative.costmodel import AutoGamma, CostModel
     from exactspec.stats import Stats
 
     greedy, regex = SamplingParams(temperature=0), "[ab]cdefcdef[ab]+"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from exactspec.spec import theory
-from exactspec.spec.costmodel import AutoGamma, CostModel
+from exactspec.speculative import theory
+from exactspec.speculative.costmodel import AutoGamma, CostModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,9 +85,9 @@ def test_auto_recovers_when_drafts_are_accepted():
 def test_auto_in_the_loop_is_exact_at_greedy(tiny_target):
     import torch
 
-    from exactspec.spec.loop import decode
+    from exactspec.speculative.loop import decode
     from exactspec.drafters.suffix import PromptLookupDrafter
-    from exactspec.spec.sampling import SamplingParams
+    from exactspec.speculative.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0)
     prompt = [3, 5, 2, 3, 5, 7, 2]

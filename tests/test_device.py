@@ -30,7 +30,7 @@ def test_device_check(check, device):
 @pytest.mark.usefixtures("one_thread")
 def test_negative_control_of_the_verifier_check_fails():
     """The reference comparison is not vacuous: a verifier that drops the acceptance test is caught."""
-    import exactspec.spec.verify_torch as vt
+    import exactspec.speculative.verify_torch as vt
 
     real = vt.verify_rows
 

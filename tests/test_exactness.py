@@ -9,12 +9,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from exactspec.spec.loop import decode
+from exactspec.speculative.loop import decode
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
-from exactspec.spec.sampling import SamplingParams, warp
-from exactspec.spec.verify import verify
+from exactspec.speculative.sampling import SamplingParams, warp
+from exactspec.speculative.verify import verify
 
 from .conftest import TINY_VOCAB
 

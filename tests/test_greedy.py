@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.spec.loop import decode
+from exactspec.speculative.loop import decode
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB

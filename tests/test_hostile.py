@@ -24,10 +24,10 @@ from exactspec.detokenize import IncrementalText
 from exactspec.server import create_app
 from exactspec.server.history import for_template
 from exactspec.server.limits import MAX_GRAMMAR_RULES, MAX_STOP_CHARS, MAX_STOPS
-from exactspec.spec.lark_finite import nonterminating
-from exactspec.spec.law import Penalties, TargetLaw
-from exactspec.spec.loop import BatchDecoder, Row, decode
-from exactspec.spec.sampling import LawError, SamplingParams
+from exactspec.speculative.lark_finite import nonterminating
+from exactspec.speculative.law import Penalties, TargetLaw
+from exactspec.speculative.loop import BatchDecoder, Row, decode
+from exactspec.speculative.sampling import LawError, SamplingParams
 
 from .test_server import MODEL, _free_port, _running
 

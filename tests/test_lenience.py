@@ -9,11 +9,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from exactspec.spec.loop import decode
+from exactspec.speculative.loop import decode
 from exactspec.drafters.model import ModelDrafter
-from exactspec.spec.sampling import SamplingParams, warp
+from exactspec.speculative.sampling import SamplingParams, warp
 from exactspec.stats import Stats
-from exactspec.spec.verify import accept_greedy, accept_greedy_lenient, verify, verify_reference, verify_with_uniforms
+from exactspec.speculative.verify import accept_greedy, accept_greedy_lenient, verify, verify_reference, verify_with_uniforms
 
 from .conftest import TINY_VOCAB
 from .test_cli import assert_one_line_error, exactspec

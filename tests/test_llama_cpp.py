@@ -20,7 +20,7 @@ from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
 from exactspec.engine import llamacpp_engine  # noqa: E402
 from exactspec.models.llama_cpp import LlamaCppLM, load_llama_cpp  # noqa: E402
-from exactspec.spec.sampling import SamplingParams, warp  # noqa: E402
+from exactspec.speculative.sampling import SamplingParams, warp  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 
 from .conftest import TINY_VOCAB, tiny_llama  # noqa: E402

@@ -8,7 +8,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not instal
 
 from exactspec.engine import llamacpp_engine  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
-from exactspec.spec.sampling import SamplingParams  # noqa: E402
+from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 
 SYSTEM = "You are an agent. Tools: search(q), read(url). Reply with a JSON tool call or a short summary."

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from exactspec.bench.workloads import load_workload
-from exactspec.spec.costmodel import AutoGamma, CostModel, bucket
-from exactspec.spec.loop import decode
+from exactspec.speculative.costmodel import AutoGamma, CostModel, bucket
+from exactspec.speculative.loop import decode
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
-from exactspec.spec.verify import verify
+from exactspec.speculative.verify import verify
 
 from .conftest import TINY_VOCAB
 from .test_exactness import LENGTH, PROMPT, SAMPLES, always_accept, chi_square_p, exact_law

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.spec.loop import decode
-from exactspec.spec.interfaces import Proposal
+from exactspec.speculative.loop import decode
+from exactspec.speculative.interfaces import Proposal
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.errors import ExactSpecError
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.spec.loop import decode
-from exactspec.spec.loop import decode_batch
+from exactspec.speculative.loop import decode
+from exactspec.speculative.loop import decode_batch
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.models.prefix_cache import PrefixCache, common_prefix
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from .conftest import tiny_llama

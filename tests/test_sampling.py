@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from exactspec.spec.sampling import SamplingParams, warp
+from exactspec.speculative.sampling import SamplingParams, warp
 
 
 def test_greedy_is_one_hot_argmax():

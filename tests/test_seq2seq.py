@@ -13,13 +13,13 @@ import openai
 import pytest
 import torch
 
-from exactspec.spec.loop import decode
+from exactspec.speculative.loop import decode
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.drafters.source import WithSource
 from exactspec.errors import ExactSpecError
 from exactspec.models.seq2seq import Seq2SeqLM
-from exactspec.spec.sampling import SamplingParams, warp
+from exactspec.speculative.sampling import SamplingParams, warp
 
 from .conftest import TINY_VOCAB, tiny_llama
 from .test_cli import assert_one_line_error, exactspec

@@ -12,8 +12,8 @@ import torch
 from exactspec.drafters.suffix import (BYTES_PER_TOKEN, LEAD_IN, MAX_MATCH, PromptLookupDrafter, SuffixDrafter,
                                        SuffixIndex)
 from exactspec.models.fast_llama import FastLlamaLM
-from exactspec.spec.loop import decode_batch
-from exactspec.spec.sampling import SamplingParams
+from exactspec.speculative.loop import decode_batch
+from exactspec.speculative.sampling import SamplingParams
 
 from .conftest import TINY_VOCAB, tiny_llama
 from .test_exactness import LENGTH, PROMPT, chi_square_p, exact_law

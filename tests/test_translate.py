@@ -15,7 +15,7 @@ from exactspec.server.metrics import Metrics
 from exactspec.server.schemas import ChatCompletionRequest, CompletionRequest
 from exactspec.server.translate import ApiError, plan_chat, plan_text
 from exactspec.server.worker import Worker
-from exactspec.spec import law
+from exactspec.speculative import law
 
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "point", "strict": True, "schema": {
     "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}}}

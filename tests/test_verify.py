@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.spec.sampling import SamplingParams, sample_from_uniform, warp
-from exactspec.spec.verify import accept_greedy, verify, verify_reference, verify_with_uniforms
+from exactspec.speculative.sampling import SamplingParams, sample_from_uniform, warp
+from exactspec.speculative.verify import accept_greedy, verify, verify_reference, verify_with_uniforms
 
 WARPS = [
     SamplingParams(temperature=1.0),
@@ -75,7 +75,7 @@ def test_sampler_law_is_its_probs():
 
 def test_sampler_law_spans_blocks():
     """Many blocks of the two-level CDF, with zeros and empty blocks: the law is still the probs."""
-    from exactspec.spec.sampling import SAMPLE_BLOCK
+    from exactspec.speculative.sampling import SAMPLE_BLOCK
 
     gen = torch.Generator().manual_seed(5)
     probs = torch.rand(3 * SAMPLE_BLOCK + 17, generator=gen) ** 4

@@ -10,10 +10,10 @@ import importlib
 from ._version import __version__
 
 _EXPORTS = {
-    "decode": ".spec.loop", "Drafter": ".spec.interfaces", "Proposal": ".spec.interfaces", "ModelDrafter": ".drafters.model",
+    "decode": ".speculative.loop", "Drafter": ".speculative.interfaces", "Proposal": ".speculative.interfaces", "ModelDrafter": ".drafters.model",
     "NGramDrafter": ".drafters.ngram", "PromptLookupDrafter": ".drafters.suffix", "Engine": ".engine",
-    "GenerationResult": ".generation", "load": ".engine", "ExactSpecError": ".errors", "SamplingParams": ".spec.sampling",
-    "warp": ".spec.sampling", "Stats": ".stats", "verify": ".spec.verify", "verify_with_uniforms": ".spec.verify",
+    "GenerationResult": ".generation", "load": ".engine", "ExactSpecError": ".errors", "SamplingParams": ".speculative.sampling",
+    "warp": ".speculative.sampling", "Stats": ".stats", "verify": ".speculative.verify", "verify_with_uniforms": ".speculative.verify",
 }
 
 __all__ = ["__version__", *_EXPORTS]

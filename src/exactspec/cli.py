@@ -39,7 +39,7 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
 
 def constraint_from_args(args: argparse.Namespace) -> dict | None:
     """The --json-schema / --json-object / --regex / --grammar choice as a constraint spec, checked."""
-    from .spec.law import grammar_from_spec
+    from .speculative.law import grammar_from_spec
 
     def read(path: str) -> str:
         try:
@@ -196,7 +196,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .drafting import check_gamma
-    from .spec.sampling import SamplingParams
+    from .speculative.sampling import SamplingParams
 
     prompt = read_prompt(args)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -448,7 +448,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .bench.workloads import load_workload
-    from .spec.sampling import SamplingParams
+    from .speculative.sampling import SamplingParams
     from .stats import Stats
 
     _check_free_text(args.workloads.split(",") if args.table else [args.workload])
@@ -492,7 +492,7 @@ def _tune_table(args: argparse.Namespace) -> int:
 
     from .bench.table import measure_table, to_markdown
     from .bench.workloads import WORKLOADS
-    from .spec.sampling import SamplingParams
+    from .speculative.sampling import SamplingParams
 
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
@@ -527,7 +527,7 @@ def _tune_table(args: argparse.Namespace) -> int:
 
 
 def cmd_theory(args: argparse.Namespace) -> int:
-    from .spec import theory
+    from .speculative import theory
 
     if args.table:
         print("alpha  gamma  arithmetic ops  walltime")

@@ -16,9 +16,9 @@ from .drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from .drafters.source import read_source
 from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
-from .spec.costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
-from .spec.interfaces import CausalLM, Drafter
-from .spec.sampling import SamplingParams
+from .speculative.costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
+from .speculative.interfaces import CausalLM, Drafter
+from .speculative.sampling import SamplingParams
 from .stats import Stats
 
 DRAFT_NAMES = ("prompt-lookup", "suffix", "bigram", "unigram", "auto", "none")

@@ -25,12 +25,12 @@ from .generation import (GenerationResult, LawSpec, Request, add_token, law_spec
 from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
 from .models.prefix_cache import PrefixCache
 from .models.seq2seq import Seq2SeqLM
-from .spec.costmodel import MAX_AUTO_GAMMA, AutoGamma, CostModel
-from .spec.interfaces import CausalLM, Drafter
-from .spec.law import TargetLaw, llg_tokenizer
-from .spec.loop import decode_row, decode_rows
-from .spec.rows import Row
-from .spec.sampling import SamplingParams
+from .speculative.costmodel import MAX_AUTO_GAMMA, AutoGamma, CostModel
+from .speculative.interfaces import CausalLM, Drafter
+from .speculative.law import TargetLaw, llg_tokenizer
+from .speculative.loop import decode_row, decode_rows
+from .speculative.rows import Row
+from .speculative.sampling import SamplingParams
 from .stats import Stats, total
 
 __all__ = ["DRAFT_NAMES", "Engine", "GenerationResult", "Request", "adapter", "check_gamma", "llamacpp_engine", "load"]
@@ -116,7 +116,7 @@ class Engine:
         return law_spec(self.grammar_tokenizer, self.target.vocab_size, **law_options)
 
     def make_law(self, result: GenerationResult, params: SamplingParams, **law_options) -> TargetLaw | None:
-        """One generation's per-position law (spec/law.py), or None for the plain warp. Keywords:
+        """One generation's per-position law (speculative/law.py), or None for the plain warp. Keywords:
         `response_format` (OpenAI's json_object / json_schema, or a pydantic model class); `grammar` (a
         Lark string, or {"type": "regex" | "grammar", ...}); `logit_bias`, `presence_penalty`,
         `frequency_penalty`, `repetition_penalty`; `logprobs` = k in [0, 20] (`result.logprobs`)."""

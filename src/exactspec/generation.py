@@ -1,7 +1,7 @@
 """What a generation is before and after the loop: the request (`Request`: sampling, law, budget, γ,
 drafter, stop strings; checked, its constraint compiled once for all its samples), the result it
 fills, and the detokenisation that turns accepted tokens into text. `Engine.request` builds a
-Request and `Engine.rows` turns it into the loop's rows (spec/rows.py): `generate`, `stream`,
+Request and `Engine.rows` turns it into the loop's rows (speculative/rows.py): `generate`, `stream`,
 `generate_batch`, the server's worker and the Ray replicas all go through those two."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 from .detokenize import IncrementalText
 from .drafting import check_gamma
 from .errors import ExactSpecError
-from .spec.law import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec
-from .spec.sampling import SamplingParams
+from .speculative.law import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec
+from .speculative.sampling import SamplingParams
 from .stats import Stats
 
 
@@ -40,7 +40,7 @@ class LawSpec:
     logprobs: int | None = None  # report each token's logprob and its k best alternatives
 
     def law(self, params: SamplingParams, result: GenerationResult, vocab_size: int) -> TargetLaw | None:
-        """One sample's law (spec/law.py), or None when it is the plain warp; with logprobs,
+        """One sample's law (speculative/law.py), or None when it is the plain warp; with logprobs,
         `result.logprobs` is the law's list, filled in place as tokens commit."""
         matcher = self.matcher.copy() if self.matcher is not None else None
         law = TargetLaw(params, result.prompt_token_ids, vocab_size, matcher, self.penalties, self.logprobs)

@@ -17,7 +17,7 @@ from .models import fast_llama
 from .models.layouts import Choice, choose_layout, layout_named
 from .models.seq2seq import Seq2SeqLM, is_encoder_decoder, load_seq2seq_model
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
-from .spec.interfaces import CausalLM
+from .speculative.interfaces import CausalLM
 
 
 @dataclass

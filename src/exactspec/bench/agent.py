@@ -27,7 +27,7 @@ import torch
 
 from ..engine import Engine
 from ..models.light_llama import hf_module
-from ..spec.sampling import SamplingParams
+from ..speculative.sampling import SamplingParams
 from ..stats import Stats, total
 
 TOOL_PREFIX = "Tool output:\n"

@@ -26,7 +26,7 @@ import time
 from ..engine import Engine
 from ..errors import ExactSpecError
 from ..models.llama_cpp import LlamaCppLM, _import, make_llama
-from ..spec.sampling import SamplingParams
+from ..speculative.sampling import SamplingParams
 from .methods import Method, exactspec_method, stops_at_eos
 
 PROMPT_LOOKUP_TOKENS = 10

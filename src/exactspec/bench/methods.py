@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..engine import Engine, GenerationResult
-from ..spec.sampling import SamplingParams
+from ..speculative.sampling import SamplingParams
 from ..stats import Stats
 
 # (prompt_ids, params, max_new_tokens, seed, response_format | None) -> (generated ids, seconds, stats)

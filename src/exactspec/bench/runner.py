@@ -25,7 +25,7 @@ import torch
 
 from ..engine import Engine
 from ..models.light_llama import hf_module
-from ..spec.sampling import SamplingParams
+from ..speculative.sampling import SamplingParams
 from ..stats import Stats, total
 from .methods import Method, exactspec_method, fresh_store
 from .workloads import CONSTRAINED, load_cases, load_workload, schema_valid

@@ -4,7 +4,7 @@ every sample's tokens.
 
 The samples of one prompt share most of their phrases, so with a store (drafters/suffix.py) each
 sample drafts from its siblings' committed tokens. Point-mass drafts are verified with the plain
-sampler's coupling (spec/verify.py `verify_coupled`), so for a seed plain decoding and the suffix
+sampler's coupling (speculative/verify.py `verify_coupled`), so for a seed plain decoding and the suffix
 drafter sample the SAME texts (checked here): they differ only in time. `auto` may pick the bigram
 drafter, whose sampled drafts leave the law exact but not the texts, so its rows sample others.
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..spec import theory
+from ..speculative import theory
 from ..engine import Engine
-from ..spec.sampling import SamplingParams
+from ..speculative.sampling import SamplingParams
 from ..stats import Stats, total
 from .workloads import load_workload
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..spec.sampling import SamplingParams
-from ..spec.theory import expected_tokens
-from ..spec.costmodel import AutoGamma
-from ..spec.interfaces import Drafter, Proposal
+from ..speculative.sampling import SamplingParams
+from ..speculative.theory import expected_tokens
+from ..speculative.costmodel import AutoGamma
+from ..speculative.interfaces import Drafter, Proposal
 
 
 @dataclass
@@ -111,7 +111,7 @@ class AutoDrafter:
         self.local: dict[str, Arm] = {}
         self.name = "auto"
         self.source: str | None = None
-        self.copies = policy is not None  # auto γ cuts the proposal afterwards (spec/propose.py)
+        self.copies = policy is not None  # auto γ cuts the proposal afterwards (speculative/propose.py)
         self._last: str | None = None
 
     def propose(self, context: list[int], k: int, params: SamplingParams,

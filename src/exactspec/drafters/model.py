@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..spec.interfaces import CausalLM
-from ..spec.sampling import sample, warp
-from ..spec.interfaces import Proposal
+from ..speculative.interfaces import CausalLM
+from ..speculative.sampling import sample, warp
+from ..speculative.interfaces import Proposal
 
 
 class ModelDrafter:

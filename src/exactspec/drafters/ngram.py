@@ -6,8 +6,8 @@ from collections import Counter, defaultdict
 
 import torch
 
-from ..spec.sampling import SamplingParams, sample, warp
-from ..spec.interfaces import Proposal
+from ..speculative.sampling import SamplingParams, sample, warp
+from ..speculative.interfaces import Proposal
 
 
 class NGramDrafter:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..spec.sampling import SamplingParams
-from ..spec.interfaces import Drafter, Proposal
+from ..speculative.sampling import SamplingParams
+from ..speculative.interfaces import Drafter, Proposal
 from .model import ModelDrafter
 
 

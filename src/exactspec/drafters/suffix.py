@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec.interfaces import Proposal
-from ..spec.sampling import SamplingParams
+from ..speculative.interfaces import Proposal
+from ..speculative.sampling import SamplingParams
 
 ORDERS = (3, 2, 1)  # n-gram orders indexed, longest first (the prompt-lookup drafter's 3..1)
 CHAIN = 32  # earlier occurrences compared per lookup

@@ -1,4 +1,4 @@
-"""The batch methods for adapters whose cache holds one sequence (see spec/interfaces.py: CausalLM)."""
+"""The batch methods for adapters whose cache holds one sequence (see speculative/interfaces.py: CausalLM)."""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ class GenerationRequest(_Strict):
     min_p: float = Field(0.0, ge=0, le=1)
     gamma: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
     lenience: float = Field(1.0, gt=0, le=1)  # 1 = exact; < 1 accepts more drafts and is LOSSY
-    # the law (spec/law.py): grammar, bias and penalties, applied to target and drafts alike
+    # the law (speculative/law.py): grammar, bias and penalties, applied to target and drafts alike
     response_format: dict | None = None  # OpenAI's, plus {"type": "regex", "regex"} / {"type": "grammar", "grammar"}
     logit_bias: dict[str, float] | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)

@@ -13,8 +13,8 @@ from dataclasses import replace
 from ..engine import Engine
 from ..errors import ExactSpecError
 from ..generation import GenerationResult, LawSpec, Request
-from ..spec.law import Penalties
-from ..spec.sampling import SamplingParams
+from ..speculative.law import Penalties
+from ..speculative.sampling import SamplingParams
 from .history import for_template
 from .limits import LimitError, check_constraint, check_stops, token_id
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -130,7 +130,7 @@ def reproducible(engine: Engine, body: GenerationRequest) -> bool:
     """Whether the same request with the same seed gives the same text: greedy always; sampled with a
     point-mass drafter (prompt lookup, suffix, none) at lenience 1 too, whatever γ, auto γ, the store
     or the batch (verified with the plain sampler's coupling, the text is plain decoding's: see
-    spec/verify.py `verify_coupled`); with a sampling drafter (bigram, unigram, a draft model, auto)
+    speculative/verify.py `verify_coupled`); with a sampling drafter (bigram, unigram, a draft model, auto)
     or lenience < 1 only at a fixed γ with a fixed drafter (auto γ and the auto drafter learn across
     requests and price by the batch, so they draft differently, and the sampler draws another sample)."""
     gamma = engine.gamma if body.gamma is None else body.gamma

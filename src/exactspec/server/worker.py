@@ -6,14 +6,14 @@ tokens whose text it completes, when the job asked for logprobs) travel back to 
 `loop.call_soon_threadsafe` into an `asyncio.Queue` owned by the request.
 
 Continuous batching: the worker decodes every job it holds as a row of one batch (one target
-forward per iteration for all rows, see spec/loop.py). Between iterations it admits the jobs
+forward per iteration for all rows, see speculative/loop.py). Between iterations it admits the jobs
 queued meanwhile, oldest first, up to `max_rows` rows; a request's n samples are queued together and
 join together, sharing one prefill. Each row keeps its own sampling parameters, γ, drafter and
 seed, so its output is exactly what it would be alone. A row leaves when it is done, hits a stop
 string, or its consumer stops listening (client gone, request cancelled: the job's cancel flag).
 
 Failures stay local: an exception while setting up a job, in its own row's work (its law, its
-grammar, see spec/loop.py) or in its detokenisation, goes to that job only; an exception in the
+grammar, see speculative/loop.py) or in its detokenisation, goes to that job only; an exception in the
 batched forward itself fails the rows of that batch, and the worker goes on with the queue. Targets without a batched cache, and draft models, run one job at a time instead.
 """
 
@@ -29,7 +29,7 @@ from prometheus_client import Histogram
 
 from ..engine import Engine
 from ..generation import GenerationResult, Request
-from ..spec.loop import BatchDecoder, Row
+from ..speculative.loop import BatchDecoder, Row
 from .metrics import Metrics
 from .offload import start_with_large_stack
 

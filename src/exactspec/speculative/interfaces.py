@@ -3,7 +3,7 @@
 CausalLM. An adapter owns its KV cache: `forward` appends new tokens and returns logits for every one
 of them (one pass, so verifying γ drafts costs one call), `prefill` appends without logits, `truncate`
 rolls the cache back to an earlier length (rejected drafts are forgotten by a length change, not a
-copy). The loop (spec/loop.py) runs every generation as a batch of rows, so it talks to the batch
+copy). The loop (speculative/loop.py) runs every generation as a batch of rows, so it talks to the batch
 methods: `forward_rows`, `truncate_rows`, `select_rows`, `reset(batch)`, `join`. An adapter whose cache
 holds one sequence (transformers, encoder-decoder, llama.cpp) inherits them from `models.base.OneRow`:
 a batch of at most one row, so B = 1 needs no special case in the loop. `batched` says which kind an

@@ -1,4 +1,4 @@
-"""A row: one sequence of a batch, and one iteration's proposal for it (spec/loop.py)."""
+"""A row: one sequence of a batch, and one iteration's proposal for it (speculative/loop.py)."""
 
 from __future__ import annotations
 
