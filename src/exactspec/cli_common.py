@@ -59,8 +59,10 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
     add_device_args(p)
-    p.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch",
-                   help="run the target with PyTorch (default) or llama.cpp (GGUF only; install with: make llamacpp)")
+    p.add_argument("--backend", choices=["auto", "torch", "llama.cpp"], default="auto",
+                   help="what runs the target: auto (default) = llama.cpp for a GGUF target on the CPU, else "
+                        "PyTorch (a Hugging Face directory, a GPU, --dtype given; said on stderr, and torch with "
+                        "one line saying why when llama.cpp cannot load the file); torch; or llama.cpp (GGUF only)")
 
 
 def load_engine(args: argparse.Namespace, **kwargs) -> "Engine":

@@ -27,7 +27,8 @@ from .models.prefix_cache import PrefixCache
 from .models.seq2seq import Seq2SeqLM
 from .speculative.costmodel import MAX_AUTO_GAMMA, AutoGamma, CostModel
 from .speculative.interfaces import CausalLM, Drafter
-from .speculative.law import TargetLaw, llg_tokenizer
+from .speculative.grammar import llg_tokenizer
+from .speculative.law import TargetLaw
 from .speculative.loop import decode_row, decode_rows
 from .speculative.rows import Row
 from .speculative.sampling import SamplingParams
@@ -49,6 +50,7 @@ class Engine:
         self.hardware = "device cpu"  # `load` names device, dtype and the CPU flags behind the choice
         self.device, self.dtype = "cpu", "float32"  # where and in which dtype the target computes
         self.layout = None  # the dtype self-test's Choice (models/layouts.py) when `dtype="auto"` ran it on a CPU
+        self.backend = "torch"  # what runs the target: "torch" or "llama.cpp" (`load` resolves "auto")
         self._llg_tok = None  # llguidance's view of the tokenizer, built on the first constrained request
 
     def runtime(self) -> dict:
@@ -219,15 +221,16 @@ class Engine:
 
 
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4, chat_template: bool = True,
-         dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "torch",
+         dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "auto",
          prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "suffix" (the context and a store of earlier outputs, `store_mb`
     MiB, 0 = none: drafters/suffix.py), "bigram", "unigram", "auto", "none", or a draft model's path
     (an encoder-decoder target, T5 / BART, needs one, same vocabulary). `gamma`: drafts per target
-    call, or "auto" (chosen from measured costs). `backend`: "torch" or "llama.cpp" (GGUF; the llamacpp
-    extra). `prefix_cache_mb`: KV of recent sequences kept across requests (0 = off). `device`: "auto"
-    (a CUDA GPU when visible, else the CPU), "cpu", "cuda[:N]"; `dtype`: "auto" (bf16 on a GPU; on a CPU
+    call, or "auto" (chosen from measured costs). `backend`: "auto" (llama.cpp for a GGUF target on the
+    CPU, else torch: `loading.choose_backend`), "torch" or "llama.cpp". `prefix_cache_mb`: KV of recent
+    sequences kept across requests (0 = off). `device`: "auto" (a CUDA GPU when visible, else the CPU),
+    "cpu", "cuda[:N]"; `dtype`: "auto" (bf16 on a GPU; on a CPU
     the fastest layout that passes a bit-equality self-test on this model, cached per machine and
     model: models/layouts.py) or a dtype: see `engine.device`, `.dtype`, `.layout`, `.hardware`."""
     engine = _engine(load_models(target, draft, dtype, threads, fast, backend, device), check_gamma(gamma), chat_template)
@@ -247,4 +250,5 @@ def llamacpp_engine(path: str | None = None, draft: str = "prompt-lookup", gamma
 def _engine(loaded: Loaded, gamma: int | str, chat_template: bool) -> Engine:
     engine = Engine(loaded.target, loaded.tokenizer, loaded.draft, gamma, loaded.draft_model, chat_template)
     engine.device, engine.dtype, engine.layout, engine.hardware = loaded.device, loaded.dtype, loaded.layout, loaded.hardware
+    engine.backend = loaded.backend
     return engine

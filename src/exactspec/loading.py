@@ -5,10 +5,12 @@ where and in which dtype they compute. `engine.load` and `engine.llamacpp_engine
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
 
+from . import progress
 from .device import cpu_name, describe, resolve_device, resolve_dtype
 from .drafting import DRAFT_NAMES
 from .embedded import embedded_model_path
@@ -33,6 +35,7 @@ class Loaded:
     dtype: str = "float32"
     layout: Choice | None = None  # the dtype self-test's choice (models/layouts.py), when it ran
     hardware: str = "device cpu"
+    backend: str = "torch"  # what runs the target: "torch" or "llama.cpp"
 
 
 def runtime(device: str, dtype: str, layout: Choice | None, hardware: str, gguf_identity: str = "") -> dict:
@@ -62,13 +65,26 @@ def load_models(target: str | None, draft: str, dtype, threads: int | None, fast
     """`engine.load`'s models (see its docstring): checked before the slow part, then loaded."""
     if threads:
         torch.set_num_threads(threads)
-    if backend not in ("torch", "llama.cpp"):
-        raise ExactSpecError(f"unknown backend {backend!r}: choose torch or llama.cpp")
-    if backend == "llama.cpp":
+    if backend not in BACKENDS:
+        raise ExactSpecError(f"unknown backend {backend!r}: choose {', '.join(BACKENDS)}")
+    path = target or embedded_model_path()
+    if backend == "auto":
+        backend, why = choose_backend(path, draft, dtype, device)
+        if backend == "llama.cpp":
+            try:
+                loaded = load_llamacpp(path, draft, threads=threads)
+            except ExactSpecError as e:  # not installed, its library does not load, a file it cannot run
+                print(f"exactspec: backend torch: llama.cpp cannot run {os.path.basename(path)} here: {e}",
+                      file=sys.stderr, flush=True)
+            else:
+                progress.status(f"backend llama.cpp ({why}; --backend torch for PyTorch)")
+                return loaded
+        elif why:
+            progress.status(f"backend torch ({why})")
+    elif backend == "llama.cpp":
         if str(device) not in ("auto", "cpu"):
             raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
-        return load_llamacpp(target, draft, threads=threads)
-    path = target or embedded_model_path()
+        return load_llamacpp(path, draft, threads=threads)
     if draft not in DRAFT_NAMES and not os.path.exists(draft):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
     seq2seq = is_encoder_decoder(path)
@@ -80,6 +96,27 @@ def load_models(target: str | None, draft: str, dtype, threads: int | None, fast
     if seq2seq and where.type != "cpu":
         raise ExactSpecError(f"--device {device}: encoder-decoder targets run on the CPU only")
     return _load_torch(path, draft, dtype, fast, seq2seq, where)
+
+
+BACKENDS = ("auto", "torch", "llama.cpp")
+
+
+def choose_backend(path: str, draft: str, dtype, device: str) -> tuple[str, str]:
+    """`--backend auto`: llama.cpp for a GGUF target on the CPU (its own kernels on the file's own weight
+    types: several times faster than the torch path there), else torch — a Hugging Face directory, a GPU,
+    a dtype asked for (a torch notion), a draft model that is no GGUF. Returns (backend, why). `load_models`
+    falls back to torch, saying why in one line, when llama.cpp is missing or cannot load the file."""
+    if not os.path.exists(path):
+        return "torch", ""  # the torch path names what is missing
+    if not str(path).endswith(".gguf"):
+        return "torch", "the target is not a GGUF file"
+    if dtype not in (None, "auto"):
+        return "torch", f"dtype {dtype} asked for"
+    if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
+        return "torch", "the draft model is not a GGUF file"
+    if resolve_device(device).type != "cpu":
+        return "torch", "a GPU is visible"
+    return "llama.cpp", "a GGUF target on the CPU"
 
 
 def _load_torch(path: str, draft: str, dtype, fast: bool, seq2seq: bool, where: torch.device) -> Loaded:
@@ -156,4 +193,4 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
         check_same_vocab(target, draft_lm, tokenizer, draft)
         draft = "model"
     return Loaded(target, tokenizer, draft, draft_lm, "cpu", "gguf",
-                  hardware=f"llama.cpp on the CPU ({cpu_name()}), the GGUF's own weight types")
+                  hardware=f"llama.cpp on the CPU ({cpu_name()}), the GGUF's own weight types", backend="llama.cpp")

@@ -61,6 +61,8 @@ def _import():
         import llama_cpp
     except ImportError:
         raise ExactSpecError(INSTALL_HINT) from None
+    except (OSError, RuntimeError) as e:  # installed, but its shared library does not load on this machine
+        raise ExactSpecError(f"llama-cpp-python's library does not load: {e}") from None
     return llama_cpp
 
 
