@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from exactspec.bench.runner import build_methods, methods_for, run_bench, to_markdown
 from exactspec.bench.workloads import WORKLOADS, load_cases, load_workload, schema_valid
-from exactspec.speculative.law import grammar_from_spec
+from exactspec.speculative.grammar import grammar_from_spec
 from exactspec.speculative.sampling import SamplingParams
 
 

@@ -10,7 +10,8 @@ import itertools
 import pytest
 import torch
 
-from exactspec.speculative.law import Matcher, Penalties, TargetLaw, grammar_from_spec
+from exactspec.speculative.grammar import Matcher, grammar_from_spec
+from exactspec.speculative.law import Penalties, TargetLaw
 from exactspec.speculative.loop import decode
 from exactspec.speculative.loop import decode_batch
 from exactspec.drafters.model import ModelDrafter

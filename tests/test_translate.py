@@ -15,7 +15,7 @@ from exactspec.server.metrics import Metrics
 from exactspec.server.schemas import ChatCompletionRequest, CompletionRequest
 from exactspec.server.translate import ApiError, plan_chat, plan_text
 from exactspec.server.worker import Worker
-from exactspec.speculative import law
+from exactspec.speculative import grammar
 
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "point", "strict": True, "schema": {
     "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}}}
@@ -28,7 +28,7 @@ def chat(**fields) -> ChatCompletionRequest:
 
 def test_n_samples_share_one_request_and_one_compiled_constraint(embedded, monkeypatch):
     compiled = []
-    real = law.grammar_from_spec
+    real = grammar.grammar_from_spec
     monkeypatch.setattr("exactspec.generation.grammar_from_spec", lambda spec: compiled.append(spec) or real(spec))
     jobs, tools = plan_chat(embedded, chat(n=2, seed=3, max_tokens=5, response_format=SCHEMA))
     assert tools is None and len(jobs) == 2 and len(compiled) == 1

@@ -39,7 +39,7 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
 
 def constraint_from_args(args: argparse.Namespace) -> dict | None:
     """The --json-schema / --json-object / --regex / --grammar choice as a constraint spec, checked."""
-    from .speculative.law import grammar_from_spec
+    from .speculative.grammar import grammar_from_spec
 
     def read(path: str) -> str:
         try:

@@ -14,7 +14,8 @@ import torch
 from .detokenize import IncrementalText
 from .drafting import check_gamma
 from .errors import ExactSpecError
-from .speculative.law import LAW_KEYWORDS, Matcher, Penalties, TargetLaw, grammar_from_spec
+from .speculative.grammar import Matcher, grammar_from_spec
+from .speculative.law import LAW_KEYWORDS, Penalties, TargetLaw
 from .speculative.sampling import SamplingParams
 from .stats import Stats
 

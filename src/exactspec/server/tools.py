@@ -18,7 +18,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..speculative.law import JSON_OPTIONS, grammar_from_spec
+from ..speculative.grammar import JSON_OPTIONS, grammar_from_spec
 from ..errors import ExactSpecError
 from .limits import MAX_TOOLS, check_schema
 
