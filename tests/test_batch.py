@@ -262,9 +262,9 @@ def test_join_prefill_equals_a_lone_prefill(fast_tiny):
     fast_tiny.forward_rows(torch.tensor([PROMPTS[2][:-1]]))
     alone = fast_tiny.forward_rows(torch.tensor([[PROMPTS[2][-1]]]))
     fast_tiny.reset(0)
-    fast_tiny.join(PROMPTS[0])
-    fast_tiny.join(PROMPTS[2], copies=2)
-    fast_tiny.join(PROMPTS[3])
+    fast_tiny.append_rows(PROMPTS[0])
+    fast_tiny.append_rows(PROMPTS[2], copies=2)
+    fast_tiny.append_rows(PROMPTS[3])
     assert fast_tiny.lengths.tolist() == [len(PROMPTS[0]) - 1, len(PROMPTS[2]) - 1, len(PROMPTS[2]) - 1, 0]
     last = torch.tensor([[p[-1]] for p in (PROMPTS[0], PROMPTS[2], PROMPTS[2], PROMPTS[3])])
     logits = fast_tiny.forward_rows(last)
@@ -272,7 +272,7 @@ def test_join_prefill_equals_a_lone_prefill(fast_tiny):
     fast_tiny.select_rows(torch.tensor([3, 1]))  # in place: the survivors move into the holes
     assert fast_tiny.lengths.tolist() == [1, len(PROMPTS[2])]
     with pytest.raises(ExactSpecError):
-        fast_tiny.join(list(range(fast_tiny.max_length)))
+        fast_tiny.append_rows(list(range(fast_tiny.max_length)))
     assert fast_tiny.batch_size == 2
 
 

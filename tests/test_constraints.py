@@ -117,10 +117,10 @@ class DraftLawUnmaskedReported(TargetLaw):
         self.reported = []
         return super().forced(room)
 
-    def join(self, forced, rest):
+    def prepend_forced(self, forced, rest):
         if rest is not None and rest.probs is not None and len(self.reported) == len(rest):
             rest.probs = torch.stack(self.reported)
-        return super().join(forced, rest)
+        return super().prepend_forced(forced, rest)
 
 
 TOP_P = SamplingParams(temperature=1.0, top_p=0.9)

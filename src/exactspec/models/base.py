@@ -42,7 +42,7 @@ class OneRow:
             self._set_rows(2)  # refused with the one-sequence message
         self._rows = len(rows)
 
-    def join(self, prompt_ids: list[int], copies: int = 1) -> int:
+    def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
         """The one row, holding prompt_ids[:-1] (through the prefix cache, if any) -> tokens reused."""
         if not prompt_ids or len(prompt_ids) >= self.max_length:
             raise ExactSpecError(f"a prompt of {len(prompt_ids)} tokens cannot join a {self.max_length}-token context")

@@ -176,7 +176,7 @@ class FastLlamaLM:
         self.k_cache, self.v_cache, self.lengths = saved
 
     @torch.inference_mode()
-    def join(self, prompt_ids: list[int], copies: int = 1) -> int:
+    def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
         """Append `copies` rows holding prompt_ids[:-1] after the live rows (continuous batching: a
         request joins a running batch between iterations; its n samples share one prefill). The
         prefill runs alone on a one-row scratch cache, exactly as a lone generation's would (through the

@@ -7,7 +7,7 @@ with `struct` (string arrays included, ~0.3 s), maps the tensor data with numpy 
 `gguf` package, as transformers does, so the weights are bit-equal to its load (tested).
 
 Architectures handled: llama (and mistral, which llama.cpp files as llama), qwen2. Others: `supported`
-says no and the caller falls back to transformers' reader. `convert.py` turns what this reads into a
+says no and the caller falls back to transformers' reader. `checkpoint.py` turns what this reads into a
 cached Hugging Face directory.
 """
 

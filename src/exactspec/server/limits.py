@@ -12,7 +12,7 @@ with the request is bounded here, in one place, before any token is generated:
     messages       at most MAX_MESSAGES (schemas.py), tools at most MAX_TOOLS   -> 400
 
 Each message names the bound it broke. Compilation itself runs on a thread with a large stack
-(see stack.py), so a grammar just inside the bounds cannot overflow a native stack either.
+(see offload.py), so a grammar just inside the bounds cannot overflow a native stack either.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ TAG = "<tool_call>"
 class ToolPlan:
     mode: str  # "named", "required" or "auto"
     names: list[str]
-    constraint: dict  # a constraints.grammar_from_spec spec
+    constraint: dict  # a constraint spec, as `grammar_from_spec` reads it
     system_prompt: str
 
     def read(self, text: str, done: bool) -> tuple[str | None, list[dict] | None]:

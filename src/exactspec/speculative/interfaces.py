@@ -51,7 +51,7 @@ class Drafter(Protocol):
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, law=None
     ) -> Proposal:
         """Up to k tokens to follow `context` (prompt + everything emitted so far). A stochastic drafter
-        given `law` (constraints.TargetLaw: grammar mask, penalties) samples from
+        given `law` (law.TargetLaw: grammar mask, penalties) samples from
         `law.draft_probs(logits, context + drafts so far)` instead of `warp(logits, params)`."""
         ...
 
@@ -102,6 +102,6 @@ class CausalLM(Protocol):
         """Keep (or repeat) the given rows [B'], in that order."""
         ...
 
-    def join(self, prompt_ids: list[int], copies: int = 1) -> int:
+    def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
         """Append `copies` rows holding prompt_ids[:-1] (through the prefix cache, if any) -> tokens reused."""
         ...

@@ -131,7 +131,7 @@ class TargetLaw:
         self._last_forced = len(forced)
         return forced
 
-    def join(self, forced: list[int], rest: Proposal | None) -> Proposal | None:
+    def prepend_forced(self, forced: list[int], rest: Proposal | None) -> Proposal | None:
         """Forced tokens, then the drafter's proposal `rest` (drafted from context + forced with
         `law=self`); a point-mass proposal is cut at its first token outside the grammar."""
         rest = rest if rest is not None and len(rest) else None

@@ -95,7 +95,7 @@ class BatchDecoder:
             i = 0
             while i < len(rows):
                 copies = next((j for j in range(i, len(rows)) if rows[j].prompt != rows[i].prompt), len(rows)) - i
-                reused = self.target.join(rows[i].prompt, copies) or 0
+                reused = self.target.append_rows(rows[i].prompt, copies) or 0
                 for row in rows[i:i + copies]:
                     row.stats.cached_tokens += reused
                     row.stats.prefill_tokens += len(row.prompt) - 1 - reused

@@ -37,7 +37,7 @@ def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params
         return (proposal if proposal is not None and len(proposal) else None), 0
     forced = law.forced(room)
     k = min(k, room - len(forced))
-    proposal = law.join(forced, drafter.propose(context + forced, k, params, generator, law=law)
+    proposal = law.prepend_forced(forced, drafter.propose(context + forced, k, params, generator, law=law)
                         if drafter is not None and k > 0 else None)
     return (proposal if proposal is not None and len(proposal) else None), len(forced)
 
