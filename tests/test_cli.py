@@ -61,14 +61,26 @@ def test_prompt_naming_a_file_gets_a_hint(tmp_path):
     assert proc.returncode == 2 and f"--prompt-file {path}" in proc.stderr, proc.stderr
 
 
+def with_import_times(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run `exactspec ARGS` under `-X importtime` -> (the process, every module it imported)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "exactspec.cli", *args],
+                          capture_output=True, text=True, timeout=60, env=ENV)
+    return proc, {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+
+
 def test_version_is_fast_and_matches_the_package():
     import exactspec
 
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "exactspec.cli", "--version"],
-                          capture_output=True, text=True, timeout=60, env=ENV)
+    proc, imported = with_import_times("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"exactspec {exactspec.__version__}", proc.stdout
-    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
     assert not imported & {"torch", "transformers"}  # nothing heavy for --version
+
+
+def test_theory_is_arithmetic():
+    """`theory` loads no model library: every subcommand's module keeps its heavy imports lazy."""
+    proc, imported = with_import_times("theory", "--alpha", "0.8", "--c", "0.05")
+    assert proc.returncode == 0 and "walltime speed-up (Thm 3.8)" in proc.stdout, proc.stderr
+    assert not imported & {"torch", "transformers"}
 
 
 def test_tune_refuses_the_constrained_workload():

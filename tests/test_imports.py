@@ -1,5 +1,6 @@
-"""The package's import graph has no cycles: lazy imports inside functions count too (a cycle hidden
-in a function body is still two modules that cannot be understood, tested or moved apart)."""
+"""The package's import graph has no cycles, and server/ does not import scale/ (the layer built on
+it): lazy imports inside functions count too (a cycle hidden in a function body is still two modules
+that cannot be understood, tested or moved apart)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,15 @@ def test_a_planted_cycle_is_found():
 def test_no_import_cycles():
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_server_does_not_import_scale_out():
+    """scale/ is built on server/ (its replicas serve server.app), never the other way round: the
+    top-level CLI, not server/cli.py, hands `serve --replicas` to scale/."""
+    edges = graph()
+    upward = sorted(f"{name} -> {dep}" for name, deps in edges.items() if name.startswith("exactspec.server")
+                    for dep in deps if dep.startswith("exactspec.scale"))
+    assert not upward, "server/ imports scale/: " + ", ".join(upward)
 
 
 def unresolved(path: Path, name: str, known: set[str]) -> list[str]:

@@ -1,8 +1,8 @@
 """What every command line shares: the model options, loading the engine they name, warming it up.
 
-`exactspec` (cli.py), `exactspec serve` (server/cli.py), `exactspec batch` (scale/cli.py) and the Ray
-Serve replicas (scale/serve.py) all read these; keeping them here keeps the sub-CLIs from importing
-the top-level CLI (and one another) back.
+`exactspec` (cli.py), `exactspec serve` (server/cli.py), `exactspec batch` (scale/cli.py), `bench` and
+`tune` (bench/cli.py) and the Ray Serve replicas (scale/serve.py) all read these; keeping them here
+keeps the sub-CLIs from importing the top-level CLI (and one another) back.
 """
 
 from __future__ import annotations

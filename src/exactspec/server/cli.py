@@ -1,4 +1,5 @@
-"""`exactspec serve`: load the engine once and serve it over HTTP with uvicorn."""
+"""`exactspec serve`: load the engine once and serve it over HTTP with uvicorn. (The top-level CLI adds
+the Ray Serve options and sends `--replicas` to scale/: nothing here knows of Ray.)"""
 
 from __future__ import annotations
 
@@ -33,9 +34,6 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                         "context); reported by /v1/models")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id reported by /v1/models and in responses (default: the target's file name)")
-    from ..scale.cli import add_ray_serve_args
-
-    add_ray_serve_args(p)
     p.set_defaults(func=cmd_serve)
     return p
 
@@ -43,6 +41,23 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, load the engine, then serve until interrupted."""
     from ..cli_common import load_engine, warm_up
+
+    check_serve_args(args)
+    import uvicorn
+
+    from .app import create_app
+
+    engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb)
+    warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
+    print(f"exactspec: serving on {engine.hardware}; greedy identity {engine.runtime()['greedy_identity']}",
+          file=sys.stderr, flush=True)
+    app = create_app(engine, model_name(args), args.max_rows, max_tokens_default=args.max_tokens_default or None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def check_serve_args(args: argparse.Namespace) -> None:
+    """Refuse bad options and a missing server extra before anything loads (γ parsed in place)."""
     from ..drafting import check_gamma
 
     args.gamma = check_gamma(args.gamma)
@@ -54,25 +69,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ExactSpecError(f"--max-tokens-default must be >= 0, got {args.max_tokens_default}")
     if args.prefix_cache_mb < 0:
         raise ExactSpecError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
-    try:
-        import uvicorn
+    try:  # imported here only to refuse a missing extra now, before the slow load
+        import uvicorn  # noqa: F401
 
-        from .app import create_app
+        from .app import create_app  # noqa: F401
     except ImportError as e:
         raise ExactSpecError(f"the server needs its extra dependencies ({e.name} is missing): "
                              "pip install 'exactspec[server]'") from None
-    from ..scale.cli import serve_on_ray, wants_ray_serve
 
-    if wants_ray_serve(args):
-        return serve_on_ray(args, args.model_name or default_model_name(args.target))
-    engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb)
-    warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
-    print(f"exactspec: serving on {engine.hardware}; greedy identity {engine.runtime()['greedy_identity']}",
-          file=sys.stderr, flush=True)
-    app = create_app(engine, args.model_name or default_model_name(args.target), args.max_rows,
-                     max_tokens_default=args.max_tokens_default or None)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    return 0
+
+def model_name(args: argparse.Namespace) -> str:
+    """--model-name, else the target's name (`default_model_name`)."""
+    return args.model_name or default_model_name(args.target)
 
 
 def default_model_name(target: str | None) -> str:
