@@ -268,3 +268,38 @@ def test_penalties_follow_prefix_including_drafts(tiny_target, tiny_draft):
 def test_bad_constraints_are_refused(spec):
     with pytest.raises(ExactSpecError):
         grammar_from_spec(spec)
+
+
+def schema_spec(schema) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+@pytest.mark.parametrize("schema,words", [
+    ({"not": {}}, "matches no text"), ({"not": True}, "matches no text"),
+    ({"type": "object", "not": {"description": "anything"}}, "matches no text"),  # annotations constrain nothing
+    ({"type": "object", "properties": {"a": {"not": {}}}, "required": ["a"]}, "unsatisfiable"),
+    ({"$defs": {"n": {"not": {}}}, "$ref": "#/$defs/n"}, "schema is false"),
+])
+def test_a_schema_whose_not_excludes_every_value_is_refused(schema, words):
+    """llguidance ignores "not" (lenient) or refuses it (strict): one that excludes every value would
+    otherwise compile to any JSON."""
+    for strict in (False, True):
+        with pytest.raises(ExactSpecError, match=words):
+            grammar_from_spec({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}})
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"not": {}}, "b": {"type": "integer"}}},  # a may not appear
+    {"anyOf": [{"not": {}}, {"type": "string"}]}, {"type": "array", "items": {"not": {}}},
+    {"properties": {"not": {}}},  # a property named "not", any value
+])
+def test_a_not_everything_inside_a_satisfiable_schema_compiles(schema):
+    assert grammar_from_spec(schema_spec(schema))
+
+
+def test_cli_refuses_a_schema_that_matches_nothing_in_one_line(tmp_path):
+    from .test_cli import assert_one_line_error, exactspec
+
+    (tmp_path / "nothing.json").write_text('{"not": {}}')
+    assert_one_line_error(exactspec("generate", "hi", "--json-schema", str(tmp_path / "nothing.json")),
+                          "matches no text")

@@ -217,6 +217,47 @@ def test_bad_chat_input_is_400(api, body, fragment, stream):
     assert fragment in r.json()["error"]["message"] or r.json()["error"]["param"] == fragment
 
 
+# the constraints a new user met: answered 200 (streamed: an error in-band after a 200) before
+WIDE_RULE = "start: " + " | ".join(f'"a{i}"' for i in range(2001))  # more alternatives than llguidance's row allows
+REFUSED_AT_THE_START = [
+    ({"response_format": schema_format({"not": {}})}, "matches no text"),
+    ({"response_format": schema_format({"type": "object", "properties": {"a": {"not": {"title": "t"}}},
+                                        "required": ["a"]})}, "unsatisfiable"),
+    ({"response_format": {"type": "grammar", "grammar": WIDE_RULE}}, "max is 2000"),
+]
+
+
+@pytest.fixture(scope="module", params=["torch", "llama.cpp"])
+def either_api(request):
+    """The server over the embedded model on each backend (llama.cpp: skipped where it is not installed)."""
+    if request.param == "torch":
+        return request.getfixturevalue("api")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: make llamacpp")
+    return request.getfixturevalue("llama_cpp_api")
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_api():
+    from exactspec.embedded import embedded_model_path
+    from exactspec.engine import llamacpp_engine
+
+    yield from _running(create_app(llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2), model_name=MODEL),
+                        None)
+
+
+@pytest.mark.parametrize("body,fragment", REFUSED_AT_THE_START, ids=["not-anything", "required-not", "wide-rule"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_constraints_refused_at_the_start_are_400_streamed_or_not(either_api, body, fragment, stream):
+    """A schema that matches nothing and a grammar llguidance rejects on its first token: a one-line
+    400 before any chunk, streamed or not, on either backend; the server serves the next request."""
+    r = post(either_api, {"messages": USER, "max_tokens": 2, "stream": stream, **body})
+    assert r.status_code == 400, r.text[:300]
+    assert r.headers["content-type"].startswith("application/json")
+    message = r.json()["error"]["message"]
+    assert fragment in message.lower() and "\n" not in message and len(message) < 300, message[:500]
+    assert post(either_api, {"messages": USER, "max_tokens": 2, "stream": stream}).status_code == 200
+
+
 LARK_FINITE = [  # (grammar, the rules that never terminate: [] when start derives a string, or no verdict)
     ('start: a\na: "x" a', ["start", "a"]),
     ('start: "x" start', ["start"]),

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,12 +33,13 @@ from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .streaming import StreamedChoice
 from .tools import ToolPlan
 from .translate import MAX_TOKENS_DEFAULT, ApiError, plan_chat, plan_text, reproducible
-from .worker import Job, Worker
+from .worker import Job, Piece, Worker
 
 __all__ = ["CHAT", "CLIENT_CLOSED", "MAX_TOKENS_DEFAULT", "TEXT", "ApiError", "Routes", "create_app"]
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the response was complete
+T = TypeVar("T")
 
 
 def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16,
@@ -126,10 +128,10 @@ class Routes:
         start = time.perf_counter()
         prompt_tokens = len(jobs[0].result.prompt_token_ids)
         if body.stream:
-            return StreamingResponse(self.stream(shapes, body, endpoint, jobs, start), media_type="text/event-stream")
+            return await self.start_stream(request, shapes, body, endpoint, jobs, start)
         metrics.running.inc()
         try:
-            completed = await _unless_disconnected(request, self.run_all(jobs))
+            completed, _ = await _unless_disconnected(request, self.run_all(jobs))
         except Exception as e:
             raise _job_error(e) from None  # rendered and counted by the ApiError handler
         finally:
@@ -144,9 +146,29 @@ class Routes:
         async for _ in self.worker.generate_all(jobs):
             pass
 
+    async def start_stream(self, request: Request, shapes: Shapes, body: GenerationRequest, endpoint: str,
+                           jobs: list[Job], start: float) -> Response:
+        """The streamed response, begun once the worker's first event is in: an error before it (the
+        first step's: a grammar llguidance rejects on its first token) is a 4xx like the non-streamed
+        request's, not a 200 with the error in-band."""
+        events = self.worker.generate_all(jobs)
+        self.metrics.running.inc()
+        try:
+            completed, first = await _unless_disconnected(request, anext(events))
+        except Exception as e:
+            raise _job_error(e) from None  # rendered and counted by the ApiError handler
+        finally:
+            self.metrics.running.dec()
+        if not completed:
+            self.metrics.observe_request(endpoint, CLIENT_CLOSED, time.perf_counter() - start)
+            return Response(status_code=CLIENT_CLOSED)
+        return StreamingResponse(self.stream(shapes, body, endpoint, jobs, start, _resumed(first, events)),
+                                 media_type="text/event-stream")
+
     async def stream(self, shapes: Shapes, body: GenerationRequest, endpoint: str, jobs: list[Job],
-                     start: float) -> AsyncIterator[str]:
-        """Server-sent events: every sample's chunks as they come, errors in-band, then [DONE]."""
+                     start: float, events: AsyncIterator[tuple[int, Piece | None]]) -> AsyncIterator[str]:
+        """Server-sent events: every sample's chunks as they come (`events`: the worker's, for `jobs`),
+        errors in-band, then [DONE]."""
         self.metrics.running.inc()
         status = CLIENT_CLOSED  # until [DONE] is on its way
         try:
@@ -154,7 +176,7 @@ class Routes:
             for choice in choices:
                 for chunk in choice.start():
                     yield sse(chunk)
-            async for index, piece in self.worker.generate_all(jobs):  # the samples' pieces, interleaved
+            async for index, piece in events:  # the samples' pieces, interleaved
                 choice = choices[index]
                 for chunk in choice.finish(jobs[index].result) if piece is None else choice.piece(piece):
                     yield sse(chunk)
@@ -211,8 +233,9 @@ def _job_error(e: Exception) -> ApiError:
     return ApiError(500, f"generation failed: {type(e).__name__}: {e}", type_="server_error")
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
-    """Await `work`, cancelling it if the client disconnects first; True if it completed."""
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:
+    """Await `work`, cancelling it if the client disconnects first: (True, its result) if it completed,
+    (False, None) if not."""
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -221,9 +244,18 @@ async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
         if not task.done():
             task.cancel()
     if not task.done() or task.cancelled():
-        return False
-    task.result()  # re-raises a failed job's exception
-    return True
+        return False, None
+    return True, task.result()  # re-raises a failed job's exception
+
+
+async def _resumed(first: T, rest: AsyncGenerator[T, None]) -> AsyncIterator[T]:
+    """`first`, then the rest of the generator it came from (closed when this one is)."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()
 
 
 async def _disconnect(request: Request) -> None:
