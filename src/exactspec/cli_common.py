@@ -53,8 +53,10 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", metavar="{auto,cpu,cuda,cuda:N}",
                    help="where the torch backend runs: auto (default) = a CUDA GPU when one is visible, else the CPU")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights and activations: auto (default) = bfloat16 on a GPU or on a CPU with native bf16 "
-                        "(avx512_bf16 / amx_bf16), else float32")
+                   help="weights and activations: auto (default) = bfloat16 on a GPU; on a CPU, the lean Llama "
+                        "forward's fastest layout (bf16 or fp32) whose verification blocks equal one-token steps "
+                        "bit for bit, by a self-test at load (cached; float32 if none does, and for models it does "
+                        "not cover)")
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
