@@ -75,3 +75,49 @@ def test_selfconsistency_rows(embedded):
     assert embedded.drafts.store is store
     assert len(rows) == len(METHODS) and all(r["workload"] == "selfconsistency" and r["n"] == 8 for r in rows)
     assert all(r["tokens_per_s"] > 0 for r in rows) and rows[0]["speedup_vs_plain"] == 1.0
+
+
+def test_quick_budget_cuts_the_work_by_the_measured_t1():
+    """bench --quick's budget (bench/budget.py): the work fits the budget, priced at T(1) a token of
+    every method; a slower target gets less of it, a fast one all; the floors hold."""
+    from exactspec.bench.budget import MIN_TOKENS, QUICK_SECONDS, affordable, fit_batches, fit_sessions
+
+    assert affordable(10, 3, 8) == 3 and affordable(10, 0.1, 8) == 8 and affordable(10, 30, 8, least=2) == 2
+    assert affordable(10, 30, 1, least=4) == 1  # never more than asked
+    # agent-repeat at T(1) = 62 ms (this 2-core CPU), 13 methods: 12 sessions of 3 steps asked, a kind seen twice
+    token_s = 13 * 0.062
+    sessions, steps, tokens = fit_sessions(QUICK_SECONDS, token_s, 12, 3, 64, least_sessions=4)
+    assert (sessions, steps) == (4, 1) and MIN_TOKENS <= tokens < 64
+    assert sessions * steps * tokens * token_s <= QUICK_SECONDS
+    assert fit_sessions(QUICK_SECONDS, token_s / 100, 12, 3, 64, 4) == (12, 3, 64)  # a fast GPU: the whole workload
+    slow = fit_sessions(QUICK_SECONDS, token_s * 100, 12, 3, 64, 4)
+    assert slow == (4, 1, MIN_TOKENS)  # the floors: a bound on the work, not a promise of its time
+    # selfconsistency: 4 methods' batches of 8 rows; 8 prompts asked
+    assert fit_batches(QUICK_SECONDS, 4 * 0.01, 8, 96) == (8, 96)
+    prompts, tokens = fit_batches(QUICK_SECONDS, 4 * 0.1, 8, 96)
+    assert prompts == 1 and tokens * 4 * 0.1 <= QUICK_SECONDS
+    assert fit_batches(QUICK_SECONDS, 4 * 0.05, 8, 96) == (3, 96)
+
+
+def test_budgeted_runners_cut_their_work_and_their_progress_bars(embedded):
+    """With a budget nothing fits in, selfconsistency runs one prompt and agent-repeat its floor (every
+    kind once and one again, a step each); their bars lose the units cut and end full; the rows keep
+    their fields."""
+    import io
+
+    from tqdm import tqdm
+
+    from exactspec.bench.agent import exactspec_agent_method, load_agent_repeat, run_agent_bench
+    from exactspec.bench.selfconsistency import METHODS, run_selfconsistency_bench
+
+    with tqdm(total=len(METHODS) * 2, file=io.StringIO()) as bar:
+        rows = run_selfconsistency_bench(embedded, prompts=2, max_new_tokens=4, store_mb=2, progress=bar,
+                                         budget_s=1e-3)
+    assert bar.total == bar.n == len(METHODS) and len(rows) == len(METHODS)
+    sessions = load_agent_repeat()["transcripts"]
+    kinds = len({s["kind"] for s in sessions})
+    with tqdm(total=len(sessions), file=io.StringIO()) as bar:
+        rows = run_agent_bench(embedded, [exactspec_agent_method(embedded, None, 0, 8)], max_new_tokens=4,
+                               progress=bar, name="agent-repeat", budget_s=1e-3)
+    assert bar.total == bar.n == kinds + 1 and rows[0]["steps"] == kinds + 1
+    assert {"workload", "temperature", "method", "drafter", "gamma", "tokens_per_s"} <= rows[0].keys()

@@ -1,7 +1,8 @@
 """One-line status messages on stderr while exactspec loads and measures ("loading … (cached)").
 
 The CLI and the server turn them on; the Python API is quiet unless `load(verbose=True)` or
-`EXACTSPEC_VERBOSE=1`. `timed(label)` also records how long each phase took, for `--verbose`."""
+`EXACTSPEC_VERBOSE=1`. `timed(label)` also records how long each phase took, for `--verbose`;
+`shrink` resizes a progress bar (the bench's tqdm bars on stderr) when a budget cuts its work."""
 
 from __future__ import annotations
 
@@ -33,3 +34,10 @@ def timed(label: str):
         yield
     finally:
         timings[label] = timings.get(label, 0.0) + time.perf_counter() - start
+
+
+def shrink(bar, units: int) -> None:
+    """Take `units` off a tqdm bar's total (None: no bar): a budget cut the work it was sized for."""
+    if bar is not None and units:
+        bar.total -= units
+        bar.refresh()

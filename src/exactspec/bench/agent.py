@@ -27,8 +27,10 @@ import torch
 
 from ..engine import Engine
 from ..models.light_llama import hf_module
+from ..progress import shrink
 from ..speculative.sampling import SamplingParams
 from ..stats import Stats, total
+from .budget import fit_sessions
 
 TOOL_PREFIX = "Tool output:\n"
 
@@ -222,31 +224,43 @@ def build_agent_methods(engine: Engine, drafters: list[str], gammas: list[int | 
 
 def run_agent_bench(engine: Engine, methods: list[AgentMethod], temperature: float = 0.0,
                     transcripts: int | None = None, steps: int | None = None, reps: int = 1,
-                    max_new_tokens: int | None = None, progress=None, name: str = "agent") -> list[dict]:
+                    max_new_tokens: int | None = None, progress=None, name: str = "agent",
+                    budget_s: float | None = None) -> list[dict]:
     """-> one row per method (the bench's JSON row fields, plus per-step latency fields). `name`:
     "agent" (each transcript from empty caches, methods interleaved per transcript) or "agent-repeat"
     (each method runs the interleaved sessions in one go, its caches and store kept from session to
-    session as a server's are; the method order rotates per repetition)."""
+    session as a server's are; the method order rotates per repetition). `budget_s`: fewer sessions
+    (agent-repeat: still one kind seen twice), then fewer steps, then shorter answers, to fit it
+    (bench/budget.py). `progress`: a tqdm bar of one unit a replayed session, less the ones cut."""
     workload = load_agent_repeat() if name == "agent-repeat" else load_agent_workload()
     chosen = workload["transcripts"][:transcripts]
     max_new = max_new_tokens or workload["max_new_tokens"]
     params = SamplingParams(temperature=temperature)
-    if any(m.gamma == "auto" for m in methods):
-        engine.cost_model()  # measured before the timed steps (as the server does at start-up)
+    if any(m.gamma == "auto" for m in methods) or budget_s is not None:
+        cost = engine.cost_model()  # measured before the timed steps (as the server does at start-up)
+    if budget_s is not None:
+        asked = len(chosen)
+        least = len({t.get("kind") for t in chosen}) + 1 if workload.get("continuous") else 1
+        fitted, steps, max_new = fit_sessions(budget_s, len(methods) * cost.seconds(1), asked,
+                                              steps or max(len(t["steps"]) for t in chosen), max_new, least)
+        chosen = chosen[:fitted]
+        shrink(progress, len(methods) * reps * (asked - fitted))
     steps_of: dict[int, list[Step]] = {id(m): [] for m in methods}
     store = engine.drafts.store  # each method's `begin` sets its own: the engine's is put back after
     for rep in range(reps):
         for i, transcript in enumerate(chosen):
             shift = (rep * len(chosen) + i) % len(methods)
             for m in methods[shift:] + methods[:shift]:
-                if workload.get("continuous"):  # all sessions, in order, per method
-                    if i == 0:
-                        steps_of[id(m)] += [s for j, t in enumerate(chosen) for s in replay(
-                            m, workload, t, params, max_new, 1000 * rep + 100 * j, steps, begin=j == 0)]
+                if workload.get("continuous"):  # all sessions, in order, per method (at i == 0)
+                    for j, t in enumerate(chosen if i == 0 else []):
+                        steps_of[id(m)] += replay(m, workload, t, params, max_new, 1000 * rep + 100 * j, steps,
+                                                  begin=j == 0)
+                        if progress is not None:
+                            progress.update(1)
                 else:
                     steps_of[id(m)] += replay(m, workload, transcript, params, max_new, 1000 * rep + 100 * i, steps)
-                if progress is not None:
-                    progress.update(1)
+                    if progress is not None:
+                        progress.update(1)
     engine.set_prefix_cache(None)
     engine.drafts.store = store
     base = _median([s.latency_s for s in steps_of[id(methods[0])]])

@@ -177,11 +177,13 @@ def _bench_special(engine, args, special, drafters, gammas, temperatures, prompt
         if name == "selfconsistency":
             from tqdm import tqdm
 
+            from .budget import QUICK_SECONDS
             from .selfconsistency import METHODS, run_selfconsistency_bench
 
             with tqdm(total=len(METHODS) * prompts * reps, desc=name, unit="batch", file=sys.stderr,
                       disable=args.json and not sys.stderr.isatty()) as bar:
-                rows += run_selfconsistency_bench(engine, prompts, reps, args.max_new_tokens, args.store_mb, bar)
+                rows += run_selfconsistency_bench(engine, prompts, reps, args.max_new_tokens, args.store_mb, bar,
+                                                  QUICK_SECONDS if args.quick else None)
         else:
             rows += _bench_agent(engine, args, name, drafters, gammas, temperatures, prompts, reps)
     return rows
@@ -208,6 +210,7 @@ def _bench_agent(engine, args, name, drafters, gammas, temperatures, transcripts
 
     from ..embedded import embedded_model_path
     from .agent import build_agent_methods, load_agent_repeat, load_agent_workload, run_agent_bench
+    from .budget import QUICK_SECONDS
 
     if args.prefix_cache_mb <= 0:
         raise ExactSpecError(f"--prefix-cache-mb must be > 0 for the agent workload, got {args.prefix_cache_mb}")
@@ -223,14 +226,18 @@ def _bench_agent(engine, args, name, drafters, gammas, temperatures, transcripts
     with tqdm(total=len(methods) * n_transcripts * reps * len(temperatures), desc=name, unit="replay",
               file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
         for temperature in temperatures:
-            rows += run_agent_bench(engine, methods, temperature, n_transcripts, steps, reps, progress=bar, name=name)
+            rows += run_agent_bench(engine, methods, temperature, n_transcripts, steps, reps, progress=bar, name=name,
+                                    budget_s=QUICK_SECONDS if args.quick else None)
     return rows
 
 
 def _bench_batch(engine, args, batches, workload, temperature, drafter, gamma, max_new, reps) -> int:
+    from tqdm import tqdm
+
     from .runner import batch_table, run_batch_bench
 
-    rows = run_batch_bench(engine, batches, workload, temperature, drafter, gamma, max_new, reps)
+    with tqdm(desc="batch", unit="run", file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
+        rows = run_batch_bench(engine, batches, workload, temperature, drafter, gamma, max_new, reps, bar)
     print(json.dumps({"batch_rows": rows}) if args.json else batch_table(rows))
     return 0
 

@@ -237,9 +237,10 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def run_batch_bench(engine: Engine, batches: list[int], workload: str, temperature: float, drafter: str,
-                    gamma: int | str, max_new_tokens: int, reps: int) -> list[dict]:
+                    gamma: int | str, max_new_tokens: int, reps: int, progress=None) -> list[dict]:
     """Throughput of B rows (B different prompts of the workload, cycled): batched speculative,
-    batched plain, and the same B rows one after another, speculative and plain; interleaved."""
+    batched plain, and the same B rows one after another, speculative and plain; interleaved.
+    `progress`: a tqdm bar, sized here: one unit a method's run of a batch size."""
     prompts = load_workload(workload)
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, draft=drafter, seed=0)
     methods = {
@@ -248,6 +249,8 @@ def run_batch_bench(engine: Engine, batches: list[int], workload: str, temperatu
         "sequential-spec": lambda ps: _one_by_one(engine, ps, gamma, kwargs),
         "sequential-plain": lambda ps: _one_by_one(engine, ps, 0, kwargs),
     }
+    if progress is not None:
+        progress.reset(total=len(methods) * len(batches) * reps)
     rows = []
     for batch in batches:
         chosen = [prompts[i % len(prompts)] for i in range(batch)]
@@ -258,6 +261,8 @@ def run_batch_bench(engine: Engine, batches: list[int], workload: str, temperatu
                 t = time.perf_counter()
                 results, _ = fn(chosen)
                 tps[name].append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - t))
+                if progress is not None:
+                    progress.update(1)
         for name in methods:
             rows.append({"batch": batch, "method": name, "drafter": drafter if "spec" in name else None,
                          "gamma": gamma if "spec" in name else 0, "tokens_per_s": statistics.median(tps[name]),

@@ -22,7 +22,9 @@ import time
 from importlib import resources
 
 from ..engine import Engine
+from ..progress import shrink
 from ..stats import total
+from .budget import fit_batches
 
 
 def load_selfconsistency() -> dict:
@@ -39,12 +41,21 @@ METHODS = (  # (method, drafter, γ, store on)
 
 
 def run_selfconsistency_bench(engine: Engine, prompts: int | None = None, reps: int = 1,
-                              max_new_tokens: int | None = None, store_mb: float = 64, progress=None) -> list[dict]:
-    """-> one row per method: the bench's JSON row fields, with `n` and `store_mb`."""
+                              max_new_tokens: int | None = None, store_mb: float = 64, progress=None,
+                              budget_s: float | None = None) -> list[dict]:
+    """-> one row per method: the bench's JSON row fields, with `n` and `store_mb`. `budget_s`: fewer
+    prompts, then shorter samples, to fit it (bench/budget.py; `progress`, a tqdm bar of one unit a
+    batch, loses the batches cut)."""
     work = load_selfconsistency()
     chosen, n, temperature = work["prompts"][:prompts], work["n"], work["temperature"]
     budget = max_new_tokens or work["max_new_tokens"]
-    engine.cost_model("auto"), engine.cost_model("suffix")  # measured before anything is timed
+    engine.cost_model("auto")  # measured before anything is timed
+    cost = engine.cost_model("suffix")
+    if budget_s is not None:
+        asked = len(chosen)
+        fitted, budget = fit_batches(budget_s, len(METHODS) * cost.seconds(1, n), asked, budget)
+        chosen = chosen[:fitted]
+        shrink(progress, len(METHODS) * reps * (asked - fitted))
     tps, stats, texts, kept = {m: [] for m in METHODS}, {m: [] for m in METHODS}, {}, engine.drafts.store
     for rep in range(reps):
         order = METHODS[rep % len(METHODS):] + METHODS[: rep % len(METHODS)]
