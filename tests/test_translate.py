@@ -32,8 +32,8 @@ def test_n_samples_share_one_request_and_one_compiled_constraint(embedded, monke
     monkeypatch.setattr("exactspec.generation.grammar_from_spec", lambda spec: compiled.append(spec) or real(spec))
     jobs, tools = plan_chat(embedded, chat(n=2, seed=3, max_tokens=5, response_format=SCHEMA))
     assert tools is None and len(jobs) == 2 and len(compiled) == 1
-    request = jobs[0].options
-    assert isinstance(request, Request) and jobs[1].options is request
+    request = jobs[0].request
+    assert isinstance(request, Request) and jobs[1].request is request
     assert request.max_new_tokens == 5 and request.law.matcher is not None
     assert [job.seed for job in jobs] == [3, 4]
     assert jobs[0].result is not jobs[1].result
@@ -46,7 +46,7 @@ def test_n_samples_share_one_request_and_one_compiled_constraint(embedded, monke
 def test_a_text_body_without_a_constraint_has_a_plain_law(embedded):
     body = CompletionRequest.model_validate({"model": "m", "prompt": "Once upon", "max_tokens": 7, "temperature": 0})
     [job] = plan_text(embedded, body)
-    assert job.options.law.matcher is None and job.options.max_new_tokens == 7
+    assert job.request.law.matcher is None and job.request.max_new_tokens == 7
     assert job.result.prompt_token_ids == embedded.encode("Once upon", chat_template=False)
 
 

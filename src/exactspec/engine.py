@@ -16,12 +16,13 @@ from dataclasses import replace
 
 import torch
 
+from .batching import Job, run_jobs
 from .chat_prompt import encode_prompt
 from .drafters.auto import DraftBandit
 from .drafting import DRAFT_NAMES, STORE_MB, Drafting, check_gamma
 from .errors import ExactSpecError
-from .generation import (GenerationResult, LawSpec, Request, add_token, law_spec, release, row_seeds, seeded,
-                         split_sampling, text_pieces)
+from .generation import (GenerationResult, LawSpec, Request, law_spec, release, row_seeds, seeded, split_sampling,
+                         text_pieces)
 from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
 from .models.prefix_cache import PrefixCache
 from .models.seq2seq import Seq2SeqLM
@@ -29,10 +30,10 @@ from .speculative.costmodel import MAX_AUTO_GAMMA, AutoGamma, CostModel
 from .speculative.interfaces import CausalLM, Drafter
 from .speculative.grammar import llg_tokenizer
 from .speculative.law import TargetLaw
-from .speculative.loop import decode_row, decode_rows
+from .speculative.loop import decode_row
 from .speculative.rows import Row
 from .speculative.sampling import SamplingParams
-from .stats import Stats, total
+from .stats import Stats
 
 __all__ = ["DRAFT_NAMES", "Engine", "GenerationResult", "Request", "adapter", "check_gamma", "llamacpp_engine", "load"]
 
@@ -162,13 +163,12 @@ class Engine:
 
     def stream(self, prompt: str | list[dict], max_new_tokens: int = 256, stop: list[str] | None = None,
                seed: int | None = None, gamma: int | None = None, chat_template: bool | None = None,
-               draft: str | None = None, result: GenerationResult | None = None, request: Request | None = None,
-               **sampling) -> Iterator[str]:
+               draft: str | None = None, result: GenerationResult | None = None, **sampling) -> Iterator[str]:
         """Yield text pieces as tokens are accepted. `sampling`: temperature, top_k, top_p, min_p, and the
         law keywords (see `make_law`). Pass an empty `result` (see `new_result`) to read token ids, finish
-        reason and stats afterwards; a prepared `request` (see `request`) replaces the other settings."""
+        reason and stats afterwards."""
         result = result or self.new_result(prompt, chat_template)
-        request = request or self.request(max_new_tokens, stop, gamma, draft, **sampling)
+        request = self.request(max_new_tokens, stop, gamma, draft, **sampling)
         yield from self._run(result, request, seed)
 
     def generate(self, prompt: str | list[dict], max_new_tokens: int = 256, stop: list[str] | None = None,
@@ -185,29 +185,21 @@ class Engine:
                        stop: list[str] | None = None, seed: int | list[int | None] | None = None,
                        gamma: int | str | None = None, chat_template: bool | None = None, draft: str | None = None,
                        **sampling) -> tuple[list[GenerationResult], Stats]:
-        """Decode every prompt n times in ONE batch (one target forward per iteration for all rows).
-        Results are prompt-major (prompt 0's n samples first); row i uses seed + i, or, with one seed per
-        prompt, prompt p's sample j uses seed[p] + j (as a lone request with that seed would; None: random).
-        Returns the results and the batch's stats (target_calls = batched forwards). Targets without a
-        batched cache, and draft models, run the rows one after another instead."""
+        """Decode every prompt n times as rows of ONE batch (one target forward per iteration for all
+        rows; the scheduler's admission, batching.py). Results are prompt-major (prompt 0's n samples
+        first); row i uses seed + i, or, with one seed per prompt, prompt p's sample j uses seed[p] + j
+        (as a lone request with that seed would; None: random). Returns the results and the batch's
+        stats (target_calls = batched forwards); the first failing row's error is raised."""
         prompts = [prompts] if isinstance(prompts, str) else prompts
         if n < 1:
             raise ExactSpecError(f"n must be >= 1, got {n}")
         request = self.request(max_new_tokens, stop, gamma, draft, **sampling)
-        results = [self.new_result(p, chat_template) for p in prompts for _ in range(n)]
-        seeds = row_seeds(seed, len(prompts), n)
-        if not self.target.batched or self.uses_draft_model(request.draft):
-            for result, seed in zip(results, seeds):
-                for _ in self._run(result, request, seed):
-                    pass
-            return results, total(r.stats for r in results)
-        batch_stats = Stats()
-        for row, tokens in decode_rows(self.target, self.rows(request, results, seeds), batch_stats):
-            row.cancelled = any(self._add(results[row.key], token, stop) for token in tokens)
-        return results, batch_stats
-
-    def _add(self, result: GenerationResult, token: int, stop: list[str] | None) -> bool:
-        return add_token(result, token, stop, self.tokenizer, self.target.eos_token_ids)
+        seeds = iter(row_seeds(seed, len(prompts), n))
+        jobs = [[Job(self.new_result(p, chat_template), request, next(seeds)) for _ in range(n)] for p in prompts]
+        stats = Stats()
+        if error := next((e for e in run_jobs(self, jobs, stats) if e is not None), None):
+            raise error
+        return [job.result for samples in jobs for job in samples], stats
 
     def _run(self, result: GenerationResult, request: Request, seed: int | None) -> Iterator[str]:
         """Drive one row through the loop; text pieces as they are safe to show (generation.text_pieces)."""
@@ -216,7 +208,7 @@ class Engine:
 
     def append_tokens(self, result: GenerationResult, tokens: list[int], stop: list[str] | None, sent: int,
                       final: bool = False) -> tuple[str, bool]:
-        """For callers that drive the loop themselves (the server's batch): see `generation.release`."""
+        """The scheduler's delivery (batching.py): see `generation.release`."""
         return release(result, tokens, stop, sent, final, self.tokenizer, self.target.eos_token_ids)
 
 

@@ -1,19 +1,23 @@
-"""Offline batch generation over a JSON-lines file: in-process (`Engine.generate_batch`) or on Ray Data.
+"""Offline batch generation over a JSON-lines file: in-process or on Ray Data.
 
-Each input line is one request, with the server's fields (server/schemas.py):
+Each input line is one request body of the server (server/schemas.py), checked and translated as
+the server does it (server/translate.py), so each field is honoured or the line gets an error, never
+ignored:
     {"id": "q1", "prompt": "raw text"}                        # as /v1/completions: no chat template
     {"id": "q2", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
-and optional `seed`, `stop`, `top_p`, `top_k`, `min_p`, `gamma`. Defaults are the server's (OpenAI's
-temperature 1), except the token budget: `max_tokens` (or `max_completion_tokens`) if the line sets
-it, else the command's --max-tokens; either way at most what the context leaves. Each output line,
-in input order, is {"id", "text", "token_ids", "finish_reason", "stats"}, or {"id", "error"} for a
-line that cannot run (the error names its line number); a bad line never stops the others.
+Defaults are the server's (OpenAI's temperature 1), except the token budget: `max_tokens` (or
+`max_completion_tokens`) if the line sets it, else the command's --max-tokens, at most what the context
+leaves. A line cannot ask for n > 1 (repeat it with other seeds), `stream` or `stream_options` (its
+output is written whole). Each output line, in input order, is {"id", "text", "token_ids",
+"finish_reason", "stats"}, plus the server's "logprobs" object when the line asks for logprobs and
+"tool_calls" when it gave tools and the model called one; or {"id", "error"} for a line that cannot
+run (the error names its line number); a bad line never stops the others.
 
-A chunk of lines is decoded as batches: the lines with the same sampling options form ONE
-`generate_batch` call, each line keeping its own seed, so every output is what a lone request with
-that seed gives. On Ray (`replicas`), chunks go to `map_batches` over an actor pool of engines
-(one `_RayWorker` per worker: `ActorPoolStrategy(size=replicas)`,
-what Ray < 2.51 spelled `concurrency=replicas`); the file's order is kept.
+A chunk of lines is decoded as ONE batch by the scheduler every caller shares (batching.py): lines
+with different settings share it, each keeping its own seed, so every output is what a lone request
+with that seed gives. On Ray (`replicas`), chunks go to `map_batches` over an actor pool of engines
+(one `_RayWorker` per worker: `ActorPoolStrategy(size=replicas)`, what Ray < 2.51 spelled
+`concurrency=replicas`); the file's order is kept.
 """
 
 from __future__ import annotations
@@ -23,27 +27,49 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from ..batching import Job, run_jobs
 from ..errors import ExactSpecError
 
+if TYPE_CHECKING:
+    from ..server.responses import Shapes
+    from ..server.schemas import GenerationRequest
+
 Line = tuple[int, str]  # (1-based line number, raw text)
-OPTION_FIELDS = ("temperature", "top_k", "top_p", "min_p", "gamma")
 
 
 @dataclass
-class _Request:
+class _Planned:
+    """A line translated: its one job, and how its output reads (the server's response shapes)."""
+
     line: int
     id: object
-    prompt: str | list[dict]
-    seed: int | None
-    options: dict  # generate_batch keywords except prompts and seed
-
-    def group(self) -> str:
-        return json.dumps(self.options, sort_keys=True)
+    job: Job
+    shapes: "Shapes"
 
 
-def _parse(engine, line: int, raw: str, default_max_tokens: int) -> _Request:
-    """A line -> a request checked against this engine (fields, prompt, context); ExactSpecError if bad."""
+def _plan(engine, line: int, raw: str, default_max_tokens: int) -> _Planned:
+    """A line -> its job, checked against this engine as the server checks a request; ExactSpecError if bad."""
+    from ..server.responses import Shapes
+    from ..server.schemas import ChatCompletionRequest
+    from ..server.translate import ApiError, plan_chat, plan_text
+
+    body = _body(raw)
+    chat = isinstance(body, ChatCompletionRequest)
+    try:
+        if chat:
+            jobs, tools = plan_chat(engine, body, default_max_tokens)
+        else:  # without max_tokens: the command's --max-tokens, not OpenAI's 16
+            jobs, tools = plan_text(engine, body, default_max_tokens, openai_budget=False), None
+    except ApiError as e:
+        raise ExactSpecError(f"{e.param}: {e.message}" if e.param else e.message) from None
+    shapes = Shapes(chat, body.model or "", lambda t: engine.tokenizer.decode([t]), tools, engine.token_bytes)
+    return _Planned(line, _raw_id(raw), jobs[0], shapes)
+
+
+def _body(raw: str) -> "GenerationRequest":
+    """A line's request body (the server's schema), refusing what a batch line cannot do."""
     from pydantic import ValidationError
 
     from ..server.schemas import ChatCompletionRequest, CompletionRequest
@@ -54,34 +80,29 @@ def _parse(engine, line: int, raw: str, default_max_tokens: int) -> _Request:
         raise ExactSpecError(f"not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ExactSpecError("expected a JSON object")
-    chat = "messages" in obj
-    if not chat and "prompt" not in obj:
+    if "messages" not in obj and "prompt" not in obj:
         raise ExactSpecError('needs "prompt" (raw text) or "messages" (chat)')
     try:
-        body = (ChatCompletionRequest if chat else CompletionRequest).model_validate(obj)
+        body = (ChatCompletionRequest if "messages" in obj else CompletionRequest).model_validate(obj)
     except ValidationError as e:
         first = e.errors()[0]
         raise ExactSpecError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
     if body.n != 1:
         raise ExactSpecError("n must be 1 in a batch line (repeat the line with other seeds instead)")
-    prompt = body.chat() if chat else body.text()
-    try:
-        ids = engine.encode(prompt, chat_template=False)
-    except Exception as e:  # a chat template refusing the messages
-        raise ExactSpecError(f"cannot encode the prompt: {e}") from None
-    context = engine.target.max_length
-    if not ids or len(ids) >= context:
-        raise ExactSpecError(f"the prompt has {len(ids)} tokens; this model's context is {context} tokens")
-    explicit = "max_tokens" in obj or "max_completion_tokens" in obj
-    budget = min(body.token_budget() if explicit else default_max_tokens, context - len(ids))
-    options = {name: getattr(body, name) for name in OPTION_FIELDS}
-    options.update(max_new_tokens=budget, stop=body.stop_list())
-    return _Request(line, obj.get("id"), prompt, body.seed, options)
+    if body.stream or body.stream_options is not None:
+        raise ExactSpecError(f"{'stream' if body.stream else 'stream_options'}: a batch line is written whole")
+    return body
 
 
-def _result_line(request: _Request, result) -> dict:
-    return {"id": request.id, "text": result.text, "token_ids": result.token_ids,
-            "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}
+def _result_line(planned: _Planned) -> dict:
+    result, shapes = planned.job.result, planned.shapes
+    out = {"id": planned.id, "text": result.text, "token_ids": result.token_ids,
+           "finish_reason": shapes.finish_reason(result), "stats": result.stats.to_dict()}
+    if (logprobs := shapes.logprobs(result)) is not None:
+        out["logprobs"] = logprobs
+    if shapes.chat and (calls := shapes.read(result)[1]):
+        out["tool_calls"] = calls
+    return out
 
 
 def _error_line(line: int, id_: object, error: Exception) -> dict:
@@ -96,37 +117,18 @@ def _raw_id(raw: str) -> object:
         return None
 
 
-def _generate(engine, requests: list[_Request]) -> list[dict]:
-    """One `generate_batch` for requests sharing options (one seed per line)."""
-    results, _ = engine.generate_batch([r.prompt for r in requests], seed=[r.seed for r in requests],
-                                       chat_template=False, **requests[0].options)
-    return [_result_line(r, res) for r, res in zip(requests, results)]
-
-
 def run_lines(engine, lines: list[Line], default_max_tokens: int = 256) -> list[dict]:
-    """Output objects for `lines`, in their order. Lines with the same options decode as one batch; a
-    batch that fails is retried line by line, so only its bad lines carry errors."""
+    """Output objects for `lines`, in their order: the good lines decode as one batch, whatever their
+    settings; a line that fails (its translation, its row) carries its error alone."""
     out: dict[int, dict] = {}
-    groups: dict[str, list[_Request]] = {}
+    planned = []
     for line, raw in lines:
         try:
-            request = _parse(engine, line, raw, default_max_tokens)
+            planned.append(_plan(engine, line, raw, default_max_tokens))
         except ExactSpecError as e:
             out[line] = _error_line(line, _raw_id(raw), e)
-            continue
-        groups.setdefault(request.group(), []).append(request)
-    for requests in groups.values():
-        try:
-            outputs = _generate(engine, requests)
-        except Exception:
-            outputs = []
-            for r in requests:
-                try:
-                    outputs += _generate(engine, [r])
-                except Exception as e:
-                    outputs.append(_error_line(r.line, r.id, e))
-        for r, output in zip(requests, outputs):
-            out[r.line] = output
+    for p, error in zip(planned, run_jobs(engine, [[p.job] for p in planned])):
+        out[p.line] = _result_line(p) if error is None else _error_line(p.line, p.id, error)
     return [out[line] for line, _ in lines]
 
 

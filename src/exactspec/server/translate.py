@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..batching import Job
 from ..engine import Engine
 from ..errors import ExactSpecError
 from ..generation import GenerationResult, LawSpec, Request
@@ -19,7 +20,6 @@ from .history import for_template
 from .limits import LimitError, check_constraint, check_stops, token_id
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .tools import ToolPlan, plan_tools
-from .worker import Job
 
 MAX_TOKENS_DEFAULT = 2048  # the token budget of a request without max_tokens (serve --max-tokens-default)
 
@@ -33,10 +33,13 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
 
 
-def plan_text(engine: Engine, body: CompletionRequest, max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> list[Job]:
-    """A text completion's jobs: the prompt is fed as raw text, no chat template."""
-    return plan(engine, body, body.text(), False, body.token_budget(), "prompt", "max_tokens",
-                max_tokens_default=max_tokens_default)
+def plan_text(engine: Engine, body: CompletionRequest, max_tokens_default: int | None = MAX_TOKENS_DEFAULT,
+              openai_budget: bool = True) -> list[Job]:
+    """A text completion's jobs: the prompt is fed as raw text, no chat template. Without max_tokens
+    the budget is OpenAI's 16, or with `openai_budget=False` a chat request's (the rest of the
+    context, at most `max_tokens_default`: `exactspec batch`)."""
+    budget = body.token_budget() if openai_budget or body.max_tokens is not None else None
+    return plan(engine, body, body.text(), False, budget, "prompt", "max_tokens", max_tokens_default=max_tokens_default)
 
 
 def plan_chat(engine: Engine, body: ChatCompletionRequest,
