@@ -176,20 +176,22 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
                   threads: int | None = None, repack: bool | None = None, **llama_kwargs) -> Loaded:
     """A GGUF target run by llama.cpp; the tokenizer is transformers' reading of the same GGUF (its ids
     are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter name or a path to
-    a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch, flash_attn, ...)."""
+    a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch, flash_attn, ...). The
+    target's cache type, one-token threads and n_ubatch come from the load-time self-test
+    (models/llama_cpp_numerics.py); a draft model runs with the same context settings."""
     from .models.llama_cpp import load_llama_cpp  # lazy: llama.cpp is an optional extra
-    from .models.llama_cpp_threads import choose_threads
+    from .models.llama_cpp_numerics import load_self_tested
 
     path = path or embedded_model_path()
     if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
-    target = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
-    target.identity = choose_threads(target).describe()  # one-token steps bit-equal to blocks, if any threads are
+    target = load_self_tested(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
     tokenizer = load_tokenizer(path)
     draft_lm = None
     if draft not in DRAFT_NAMES:
+        settings = {k: v for k, v in target.context_kwargs().items() if k not in ("n_ctx", "n_threads", "n_threads_batch")}
         draft_lm = load_llama_cpp(draft, n_ctx=target.max_length, threads=threads,
-                                  eos_token_ids=target.eos_token_ids, repack=target.repack, **llama_kwargs)
+                                  eos_token_ids=target.eos_token_ids, repack=target.repack, **settings)
         check_same_vocab(target, draft_lm, tokenizer, draft)
         draft = "model"
     return Loaded(target, tokenizer, draft, draft_lm, "cpu", "gguf",

@@ -12,28 +12,24 @@ enable it (seen on a Firecracker VM). `repack=None` therefore probes once per pr
 when the CPU advertises AMX, and disables extra buffers if the probe crashes; EXACTSPEC_LLAMACPP_REPACK=0/1
 overrides. The llama.cpp bench anchors are built with the same setting, so comparisons stay like for like.
 
-BATCH INVARIANCE: llama.cpp's CPU numerics depend on how many tokens one compute step (ubatch) holds,
-and this model family is sensitive enough for that to move logits by 1-3 and flip greedy choices:
+BATCH INVARIANCE: llama.cpp's CPU numerics can depend on how many tokens one compute step (ubatch)
+holds and on how many threads a one-token step uses, and this model family is sensitive enough for that
+to move logits by 1-3 and flip greedy choices:
 - without flash attention (llama-cpp-python's default), with an f16 KV cache, a token evaluated alone
-  differs from the same token inside any multi-token batch (from the third single-token step on; with
-  an f32 cache from KV length ~60 on);
-- with flash attention, ubatches of up to 63 tokens give bitwise-identical logits to one-token steps,
-  while ubatches of 64+ take another (tiled) kernel whose results differ.
-- with two threads, a one-token step's flash attention may split its keys across the threads past
-  ~256 tokens of context and add the parts in another order than a block does (an Intel Xeon with AMX:
-  0.97 off at 300 tokens): the load-time self-test (llama_cpp_threads.py) then runs one-token steps on
-  one thread.
-So verifying γ+1 tokens in one call reproduces one-token-at-a-time decoding exactly only with flash
-attention on and γ+1 < 64: we turn flash attention on by default. For our greedy output to also equal
-llama.cpp's OWN `Llama.generate` (which prefills the whole prompt in one batch, while we prefill
-prompt[:-1] and then feed the last token with the drafts), every ubatch must stay in the invariant
-regime: n_ubatch defaults to 32 (prefill ~1.2-1.4x slower than with 512 here). The bench anchors use the
-same context settings. Measured with llama-cpp-python 0.3.36 on an AVX-512 CPU; tests check it.
+  differs from the same token inside any multi-token batch: we turn flash attention on;
+- with flash attention and an f16 cache, ubatches of 64+ tokens take a tiled kernel, and one-token steps
+  on several threads past ~256 tokens a split-KV kernel, each summing in another order than the per-row
+  kernel; with a bf16 or q8_0 K cache neither runs.
+So the cache type, the one-token threads and n_ubatch are chosen at load by a self-test
+(llama_cpp_numerics.py: blocks vs one-token steps, the fastest bit-equal setting kept). n_ubatch defaults
+to 32 here, the invariant choice for an f16 cache; the self-test raises it to 512 with a bf16/q8_0 cache.
+The same settings make our greedy output equal llama.cpp's OWN `Llama.generate` (which prefills the
+whole prompt in one batch, while we prefill prompt[:-1] and then feed the last token with the drafts);
+the bench anchors use them. Measured with llama-cpp-python 0.3.36; tests check it.
 
 Threads: llama.cpp uses `n_threads` for single-token batches and `n_threads_batch` for larger ones. Both
-are `threads`, unless the load-time self-test (llama_cpp_threads.py) finds that one-token steps on
-several threads are not bit-equal to blocks on this CPU: then one-token steps run on one thread. The
-cost model measures T(1) and T(k) as they then run.
+are `threads`, unless the self-test keeps one-token steps on one thread (an f16 cache, when no other
+setting is bit-equal). The cost model measures T(1) and T(k) as they then run.
 """
 
 from __future__ import annotations
@@ -163,8 +159,8 @@ class LlamaCppLM(OneRow):
         self._lib = llama_cpp
         self.path = path
         self.threads = threads or default_threads()
-        self.single_threads = self.threads  # one-token steps (llama_cpp_threads.py may lower it at load)
-        self.identity = "not self-tested at load"  # what greedy identity rests on (llama_cpp_threads.py)
+        self.single_threads = self.threads  # one-token steps (llama_cpp_numerics.py may lower it at load)
+        self.identity = "not self-tested at load"  # what greedy identity rests on (llama_cpp_numerics.py)
         train_ctx = _train_context(path)
         want = n_ctx or (min(DEFAULT_N_CTX, train_ctx) if train_ctx > 0 else DEFAULT_N_CTX)
         self.n_batch = max(1, min(n_batch, want))
@@ -200,7 +196,7 @@ class LlamaCppLM(OneRow):
                     n_threads=self.single_threads, n_threads_batch=self.threads, **self.llama_kwargs)
 
     def set_single_threads(self, n: int) -> None:
-        """Threads of one-token steps (blocks keep `threads`): see llama_cpp_threads.py."""
+        """Threads of one-token steps (blocks keep `threads`): see llama_cpp_numerics.py."""
         self.single_threads = n
         self._lib.llama_set_n_threads(self.ctx, n, self.threads)
 

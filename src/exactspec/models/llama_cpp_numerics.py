@@ -1,0 +1,175 @@
+"""How llama.cpp computes on this CPU so that one-token steps equal multi-token blocks bit for bit, chosen at
+load by measuring: the KV cache's type, the threads of one-token steps, and the compute step (n_ubatch).
+
+Why (ggml's CPU flash attention, ggml-cpu/ops.cpp, as vendored by llama-cpp-python 0.3.36):
+- one query over an f16/f32 cache view of 512+ keys (llama.cpp pads the view to 256 cells, so past ~256
+  tokens) takes a split-KV path on several threads: each thread reduces a slice of the keys and the
+  slices are merged, another order of additions than a block's one-row-per-thread pass. A one-token step
+  then differs from the same token inside a block (0.6-1.1 in the logits at 300-1200 tokens on an AMD
+  EPYC and an Intel Xeon, 2 threads; greedy choices flip).
+- 64+ query rows over such a cache take a tiled kernel, other sums again (so f16 needs n_ubatch < 64).
+- both paths need K and V of type f16 (an f32 cache is cast to f16 for attention). With K in bf16 or
+  q8_0 every pass runs the per-row kernel: steps on every thread and blocks of any size agree (measured
+  here to 1200 tokens, blocks of 8 and 70, n_ubatch 512).
+The candidates, in order: llama.cpp's default f16 cache on all threads (n_ubatch 32); a bf16 cache and a
+q8_0-K cache, all threads, n_ubatch 512; the f16 cache with one-token steps on ONE thread (n_ubatch 32).
+Each is tested: after a CONTEXT-token prefill, blocks of BLOCK and LONG tokens against the same tokens
+one at a time. Of those bit-equal, the one with the fastest one-token step is kept (an earlier one
+within 3% wins: f16 is what llama-server runs). None bit-equal: the first, and greedy identity rests on
+tolerance. The verdict is cached per CPU, model file, library version and settings (a few seconds, once).
+The cache type changes the model's numerics (not the exactness of speculation, which compares the
+target with itself): `Verdict.describe` names it, and `generate --json` / `/v1/models` report it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .. import progress
+from ..cachedir import cache_dir, file_identity, machine_key, write_atomic
+
+VERSION = 2  # bump when the test changes: old cache entries are then ignored
+CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
+BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
+GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
+FAVOUR = 1.03  # an earlier candidate within 3% of the fastest is kept
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to run the context: K and V cache types, one-token-step threads (0 = all), n_ubatch."""
+
+    type_k: str
+    type_v: str
+    single_threads: int
+    n_ubatch: int
+
+    def llama_kwargs(self) -> dict:
+        return {"type_k": GGML_TYPES[self.type_k], "type_v": GGML_TYPES[self.type_v], "n_ubatch": self.n_ubatch}
+
+    def describe(self, threads: int) -> str:
+        steps = threads if self.single_threads == 0 else self.single_threads
+        return f"{self.type_k}/{self.type_v} KV cache, one-token steps on {steps} thread(s), n_ubatch {self.n_ubatch}"
+
+
+CANDIDATES = (Setting("f16", "f16", 0, 32), Setting("bf16", "bf16", 0, 512), Setting("q8_0", "f16", 0, 512),
+              Setting("f16", "f16", 1, 32))
+
+
+@dataclass
+class Verdict:
+    setting: Setting
+    exact: bool  # one-token steps bit-equal to blocks with it
+    max_diff: float  # of the first candidate (llama.cpp's default) on this CPU
+    step_ms: float  # its measured one-token step
+    cached: bool = False
+
+    def describe(self, threads: int) -> str:
+        how = self.setting.describe(threads)
+        if not self.exact:
+            return f"by tolerance (llama.cpp's blocks differ from one-token steps by up to {self.max_diff:.3g} here; {how})"
+        return f"bit-exact (self-test: blocks equal one-token steps; {how})"
+
+
+def block_vs_steps(lm, ids: list[int], context: int) -> tuple[float, list[float]]:
+    """Max |logits| difference between scoring ids[context:] as one block and one token at a time after
+    the same prefill (0.0: bit-equal), and the seconds of each one-token step; the adapter is reset."""
+    lm.reset()
+    lm.prefill(torch.tensor([ids[:context]]))
+    block = lm.forward(torch.tensor([ids[context:]]))[0]  # [k, V]
+    lm.truncate(context)
+    steps, seconds = [], []
+    for t in ids[context:]:
+        start = time.perf_counter()
+        steps.append(lm.forward(torch.tensor([[t]]))[0])
+        seconds.append(time.perf_counter() - start)
+    lm.reset()
+    return float((block - torch.cat(steps)).abs().max()), seconds
+
+
+def trial(lm) -> tuple[float, float]:
+    """(max difference over a BLOCK- and a LONG-token block, median one-token step in ms) for `lm`."""
+    context = max(1, min(CONTEXT, lm.max_length - LONG - 1))
+    ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(0)).tolist()
+    short, _ = block_vs_steps(lm, ids[: context + BLOCK], context)
+    long, seconds = block_vs_steps(lm, ids, context)
+    return max(short, long), statistics.median(seconds) * 1e3
+
+
+def choose(make, threads: int, key: str) -> Verdict:
+    """The verdict for a model: from the cache under `key`, or by trying each candidate; `make(setting)`
+    builds an adapter with that setting (the caller's, with `set_single_threads` applied)."""
+    path = cache_dir("llamacpp-numerics") / f"{key}.json"
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            return Verdict(**{**data, "setting": Setting(**data["setting"]), "cached": True})
+        except (ValueError, TypeError, KeyError):
+            pass  # an unreadable entry is measured again
+    progress.status("choosing llama.cpp's cache type and threads: bit-equality self-test (once per machine and model)")
+    trials = []
+    with progress.timed("llama.cpp numerics self-test"):
+        for setting in CANDIDATES:
+            if setting.single_threads >= threads:
+                continue  # the same as an all-threads candidate
+            lm = make(setting)
+            diff, step_ms = trial(lm)
+            del lm
+            trials.append((setting, diff, step_ms))
+    verdict = pick(trials)
+    write_atomic(path, json.dumps({k: v for k, v in asdict(verdict).items() if k != "cached"}))
+    return verdict
+
+
+def pick(trials: list[tuple[Setting, float, float]]) -> Verdict:
+    """Of (setting, max diff, step ms) in candidate order: the fastest bit-equal one, an earlier one
+    within FAVOUR of it kept; none bit-equal -> the first, inexact."""
+    first = trials[0]
+    exact = [t for t in trials if t[1] == 0.0]
+    if not exact:
+        return Verdict(first[0], False, first[1], first[2])
+    fastest = min(t[2] for t in exact)
+    setting, _, step_ms = next(t for t in exact if t[2] <= fastest * FAVOUR)
+    return Verdict(setting, True, first[1], step_ms)
+
+
+def key(path: str, settings: dict, repack: bool) -> str:
+    """CPU (machine_key) + llama-cpp-python version + the caller's settings + the model file."""
+    import llama_cpp
+
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return machine_key(VERSION, llama_cpp.__version__, text, f"repack={repack}", file_identity(path))
+
+
+GIVEN = ("type_k", "type_v", "n_ubatch")  # a caller's own choice of these is kept as given
+
+
+def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = None, repack: bool | None = None,
+                     **llama_kwargs):
+    """A `LlamaCppLM` over `path` under the setting this self-test chose for the machine and file (its
+    `identity` says which, and what greedy identity rests on). `llama_kwargs` go to the adapter; a
+    cache type or n_ubatch among them overrides the candidates' (only their threads then differ)."""
+    from .llama_cpp import _import, check_gguf_file, default_threads, load_llama_cpp, resolve_repack
+
+    _import()  # one line if llama-cpp-python is missing or its library does not load
+    check_gguf_file(path)
+    repack = resolve_repack(path, repack)
+    given = {k: llama_kwargs[k] for k in GIVEN if k in llama_kwargs}
+
+    def make(setting: Setting):
+        lm = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack,
+                            **{**llama_kwargs, **setting.llama_kwargs(), **given})
+        if setting.single_threads:
+            lm.set_single_threads(setting.single_threads)
+        return lm
+
+    n = threads or default_threads()
+    verdict = choose(make, n, key(path, {"n_ctx": n_ctx, "threads": n, **llama_kwargs}, repack))
+    lm = make(verdict.setting)
+    lm.identity = verdict.describe(lm.threads)
+    return lm
