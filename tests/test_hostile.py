@@ -232,7 +232,7 @@ def either_api(request):
     """The server over the embedded model on each backend (llama.cpp: skipped where it is not installed)."""
     if request.param == "torch":
         return request.getfixturevalue("api")
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: make llamacpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
     return request.getfixturevalue("llama_cpp_api")
 
 

@@ -179,7 +179,7 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
     a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch, flash_attn, ...). The
     target's cache type, one-token threads and n_ubatch come from the load-time self-test
     (models/llama_cpp_numerics.py); a draft model runs with the same context settings."""
-    from .models.llama_cpp import load_llama_cpp  # lazy: llama.cpp is an optional extra
+    from .models.llama_cpp import load_llama_cpp  # lazy: a torch target never imports llama.cpp
     from .models.llama_cpp_numerics import load_self_tested
 
     path = path or embedded_model_path()

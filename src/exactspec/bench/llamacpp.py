@@ -1,8 +1,12 @@
-"""llama.cpp rows for the side-by-side benchmark (optional extra: `make llamacpp`).
+"""llama.cpp rows for the side-by-side benchmark (installed by `make setup`; `pip install exactspec[llamacpp]` elsewhere).
 
 - exactspec's own rows on llama.cpp come from `exactspec_method` over an engine loaded with
   `exactspec.load(backend="llama.cpp")` (engine.py: `llamacpp_engine`).
 - `llamacpp-plain`: llama-cpp-python's own `Llama.generate` on the same context (its own sampler chain).
+- `llamacpp-defaults`: the same, on a context with llama.cpp's own defaults as `llama-server` sets them
+  (f16 KV cache, flash attention, n_batch 2048, n_ubatch 512, the same threads for every step): the plain
+  speed a user gets without exactspec. Its greedy text can differ from ours when the load-time self-test
+  chose another cache type (models/llama_cpp_numerics.py).
 - `llamacpp-prompt-lookup`: `Llama.generate` with `LlamaPromptLookupDecoding(num_pred_tokens=10)` as
   draft model, on a second `Llama` over the same file (it needs `logits_all`).
 
@@ -12,8 +16,8 @@ Their sampler is llama.cpp's: for T > 0 it applies top-k/top-p/min-p BEFORE temp
 warps temperature first, as HF does), so only with top_p = 1 and min_p = 0 (the bench default) do both
 sample the same law.
 
-The anchors use the target's context settings (threads, n_ctx, n_ubatch=32, flash attention): with them,
-both anchors and every exactspec row decode the same greedy tokens (tested). With llama-cpp-python's
+The first two anchors use the target's context settings (threads, n_ctx, the self-tested cache type and
+n_ubatch, flash attention): with them, they and every exactspec row decode the same greedy tokens (tested). With llama-cpp-python's
 defaults (no flash attention) even its own prompt lookup drifts from its own plain decoding on 8 of the
 10 bench prompts (see models/llama_cpp.py, BATCH INVARIANCE).
 """
@@ -84,6 +88,15 @@ def llamacpp_plain_method(engine: Engine) -> Method:
     return _anchor("llamacpp-plain", target.llama, target.eos_token_ids, None, None, constrains=True)
 
 
+def llamacpp_defaults_method(engine: Engine) -> Method:
+    """llama.cpp plain decoding with llama.cpp's own context defaults (module docstring), same file and threads."""
+    target = _target(engine)
+    n = target.threads
+    llama = make_llama(target.path, target.repack, n_ctx=target.max_length, n_batch=2048, n_ubatch=512,
+                       n_threads=n, n_threads_batch=n, flash_attn=True)
+    return _anchor("llamacpp-defaults", llama, target.eos_token_ids, None, None)
+
+
 def prompt_lookup_llama(target: LlamaCppLM, num_pred_tokens: int = PROMPT_LOOKUP_TOKENS):
     """A second `Llama` over the target's GGUF (same n_ctx, batch and threads) with llama-cpp-python's
     prompt-lookup draft model (which forces `logits_all`)."""
@@ -103,7 +116,7 @@ def llamacpp_prompt_lookup_method(engine: Engine, num_pred_tokens: int = PROMPT_
 
 def llamacpp_methods(engine: Engine, prompt_lookup: bool = True) -> list[Method]:
     """The llama.cpp anchors for `build_methods` (instead of the HF ones) when the target is llama.cpp."""
-    methods = [llamacpp_plain_method(engine)]
+    methods = [llamacpp_plain_method(engine), llamacpp_defaults_method(engine)]
     if prompt_lookup:
         methods.append(llamacpp_prompt_lookup_method(engine))
     return methods
@@ -115,5 +128,5 @@ def _target(engine: Engine) -> LlamaCppLM:
     return engine.target
 
 
-__all__ = ["llamacpp_generate", "llamacpp_methods", "llamacpp_plain_method",
+__all__ = ["llamacpp_defaults_method", "llamacpp_generate", "llamacpp_methods", "llamacpp_plain_method",
            "llamacpp_prompt_lookup_method", "prompt_lookup_llama", "sampler_kwargs", "exactspec_method"]

@@ -140,9 +140,12 @@ def _total(runs: list[Run]) -> Run:
                sum(valid) / len(valid) if valid else None)
 
 
+ANCHORS = ("llamacpp-defaults", "hf-plain", "llamacpp-plain")  # "vs anchor plain": the first one run
+
+
 def _rows(workload, temperature, methods, per_rep, cost, constrained=False) -> list[dict]:
     tps = [[r.tokens / r.seconds for r in rep] for rep in per_rep]  # [rep][method]
-    anchor = next((i for i, m in enumerate(methods) if m.method in ("hf-plain", "llamacpp-plain")), None)
+    anchor = next((i for name in ANCHORS for i, m in enumerate(methods) if m.method == name), None)
     rows = []
     for j, m in enumerate(methods):
         merged = None if per_rep[0][j].stats is None else total(rep[j].stats for rep in per_rep)

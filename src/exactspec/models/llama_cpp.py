@@ -1,4 +1,4 @@
-"""llama.cpp adapter: a GGUF file run by llama-cpp-python's low-level API (optional extra: `make llamacpp`).
+"""llama.cpp adapter: a GGUF file run by llama-cpp-python's low-level API (installed by `make setup`; `pip install exactspec[llamacpp]` elsewhere).
 
 The model and context are created by `llama_cpp.Llama` (so its loading, logging and defaults apply);
 decoding then bypasses its high-level state: our own `llama_batch` asks for logits at EVERY position
@@ -47,7 +47,7 @@ import torch
 from ..errors import ExactSpecError
 from .base import OneRow
 
-INSTALL_HINT = "llama-cpp-python is not installed: install the llamacpp extra: make llamacpp"
+INSTALL_HINT = "llama-cpp-python is not installed (make setup builds it; or pip install 'exactspec[llamacpp]')"
 DEFAULT_N_CTX = 4096
 DEFAULT_N_UBATCH = 32  # see BATCH INVARIANCE
 
