@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random-weight Llamas (small vocab) and the embedded model, loaded once."""
+"""Shared fixtures: tiny random-weight Llamas (small vocab) and the embedded model (torch, llama.cpp), loaded once."""
 
 from __future__ import annotations
 
@@ -53,3 +53,14 @@ def embedded():
     import exactspec
 
     return exactspec.load(draft="prompt-lookup", gamma=4, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def embedded_llamacpp():
+    """The embedded GGUF on the llama.cpp backend (2 threads, 1,024-token context), loaded once for the
+    session; skips when llama-cpp-python is not installed. Tests that turn its prefix cache on turn it off."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
+    from exactspec.embedded import embedded_model_path
+    from exactspec.engine import llamacpp_engine
+
+    return llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2)

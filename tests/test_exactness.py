@@ -23,6 +23,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = [3, 5, 2, 3, 5]
 LENGTH = 3  # tokens per continuation -> TINY_VOCAB**3 = 512 outcomes
 SAMPLES = 3000
+# Negative controls only have to show that the check rejects a wrong law at p < 1e-6, and 1000 samples
+# do that with room to spare. With the pooling of `chi_square_p`, 200 multinomial draws of 1000 from the
+# exact law of always-accept (TV 0.75 from the target's, chi-square divergence 9.6) and of the draft model
+# (TV 0.53, divergence 4.9) gave p < 1e-49 every time (at 600: up to 1e-4); the loop itself, seeds 1234,
+# 1, 2: p < 1e-73 and < 1e-53. The exactness tests keep SAMPLES: at 2000, an 85:15 mixture of the
+# target's law and always-accept's (TV 0.11) is caught at p < 1e-3 in 87% of draws (100% at 3000).
+CONTROL_SAMPLES = 1000
 
 
 def exact_law(target, params: SamplingParams) -> torch.Tensor:
@@ -81,7 +88,8 @@ def test_speculative_samples_follow_target_law(tiny_target, tiny_draft, drafter,
 def test_negative_control_always_accept_is_detected(tiny_target, tiny_draft):
     params = SamplingParams(temperature=1.0)
     law = exact_law(tiny_target, params)
-    counts = sample_counts(tiny_target, lambda: ModelDrafter(tiny_draft), params, 2, verifier=always_accept)
+    counts = sample_counts(tiny_target, lambda: ModelDrafter(tiny_draft), params, 2, verifier=always_accept,
+                           samples=CONTROL_SAMPLES)
     assert chi_square_p(counts, law) < 1e-6
 
 
@@ -89,5 +97,5 @@ def test_negative_control_draft_law_is_detected(tiny_target, tiny_draft):
     """Sampling the draft model alone (what a broken verifier degenerates to) is far from the target law."""
     params = SamplingParams(temperature=1.0)
     law = exact_law(tiny_target, params)
-    counts = sample_counts(tiny_draft, lambda: None, params, 0)
+    counts = sample_counts(tiny_draft, lambda: None, params, 0, samples=CONTROL_SAMPLES)
     assert chi_square_p(counts, law) < 1e-6

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: make llamacpp")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
 
-from exactspec.engine import llamacpp_engine  # noqa: E402
-from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 
@@ -15,9 +13,9 @@ SYSTEM = "You are an agent. Tools: search(q), read(url). Reply with a JSON tool 
 TOOL = ['search: {"hits": ["Paris is the capital of France", "Lyon is a city"]}', "read: Paris has 2.1 million people."]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2)
+@pytest.fixture
+def engine(embedded_llamacpp):
+    return embedded_llamacpp  # loaded once for the session (conftest)
 
 
 def agent_loop(engine, params, gamma, seed=0):
