@@ -313,7 +313,10 @@ def _train_context(path: str) -> int:
         return struct.unpack(fmt, f.read(size))[0]
 
     def string(f):
-        return f.read(read(f, "<Q")).decode("utf-8", "replace")
+        n = read(f, "<Q")
+        if n > 1 << 20:  # no key or architecture name is that long: a corrupt header
+            raise ValueError(f"GGUF string of {n} bytes")
+        return f.read(n).decode("utf-8", "replace")
 
     def skip(f, vtype):
         if vtype in _SCALAR:
@@ -344,8 +347,8 @@ def _train_context(path: str) -> int:
                     return int(read(f, _SCALAR[vtype]))
                 else:
                     skip(f, vtype)
-    except (OSError, ValueError, struct.error, UnicodeDecodeError):
-        pass
+    except (OSError, ValueError, OverflowError, MemoryError, struct.error, UnicodeDecodeError):
+        pass  # llama.cpp's own load then says what is wrong with the file
     return 0
 
 
