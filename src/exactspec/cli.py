@@ -162,6 +162,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.compare:  # warm up allocator and kernels so neither side pays first-call costs
         with progress.timed("warm-up"):
             engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0, grammar=constraint)
+            if engine.gamma == "auto" and engine.draft != "none":  # auto γ's T(k): once, outside the timings
+                progress.status("gamma auto: measuring the target's T(k) (a few seconds) ...")
+                engine.cost_model()
     if not args.json and not args.compare and args.num_samples == 1:
         for piece in engine.stream(prompt, seed=args.seed, **common):
             print(piece, end="", flush=True)

@@ -36,8 +36,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store-mb", type=float, default=STORE_MB, metavar="MIB",
                    help=f"size of the suffix drafter's store of earlier outputs, oldest forgotten first "
                         f"(default {STORE_MB:g}; 0 = none: copy from the request's own context only)")
-    p.add_argument("--gamma", default="4", help="draft tokens per target call: N (0 = plain decoding; default 4) or "
-                   "\"auto\" (chosen every iteration from measured costs and the running acceptance rate)")
+    p.add_argument("--gamma", default="auto", help="draft tokens per target call: \"auto\" (default: chosen every "
+                   "iteration from measured costs and the running acceptance rate, 0 where drafting does not pay; "
+                   "it beat a fixed 4 on every bench workload) or N (0 = plain decoding)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (torch, and llama.cpp's with --backend llama.cpp)")
     add_backend_arg(p)

@@ -212,7 +212,7 @@ class Engine:
         return release(result, tokens, stop, sent, final, self.tokenizer, self.target.eos_token_ids)
 
 
-def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = 4, chat_template: bool = True,
+def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = "auto", chat_template: bool = True,
          dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "auto",
          prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
