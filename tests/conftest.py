@@ -6,7 +6,7 @@ import os
 
 # The suite runs servers, clients and CLI subprocesses side by side on two cores: parked OpenMP threads
 # keep them from starving one another. (Not the library's default: a single generating process is
-# 1.4x (torch) to 3x (llama.cpp) faster with libgomp's default spin-then-park; see the README.)
+# 1.4x (torch) to 3x (llama.cpp) faster with libgomp's default spin-then-park; see docs/benchmarks.md.)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest

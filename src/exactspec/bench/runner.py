@@ -84,7 +84,7 @@ def build_methods(engine: Engine, drafters: list[str], gammas: list[int], auto: 
 def run_bench(engine: Engine, methods: list[Method], workloads: list[str], temperatures: list[float],
               prompts_per_workload: int, reps: int, max_new_tokens: int | None, progress=None,
               default_max_new_tokens: int = 96) -> list[dict]:
-    """-> rows in the JSON shape documented in the README (one per workload x temperature x method).
+    """-> rows in the JSON shape documented in docs/benchmarks.md (one per workload x temperature x method).
     `max_new_tokens` None: each case's own budget (json), else `default_max_new_tokens`."""
     cost = {m.drafter: engine.cost_model(m.drafter) for m in methods if m.method == "exactspec-spec"}
     rows = []

@@ -3,7 +3,7 @@
 Types are strict (a string where a number belongs is an error, not coerced) and every number is
 finite. Fields we cannot honour are refused (400), not ignored: `top_logprobs` without `logprobs`,
 completions' `echo` / `suffix` / a `best_of` other than n, non-text content parts. Unknown fields
-(`user`, `parallel_tool_calls`, ...) are accepted and ignored, as OpenAI clients send them (the README
+(`user`, `parallel_tool_calls`, ...) are accepted and ignored, as OpenAI clients send them (docs/server.md
 lists them). Limits that depend on the loaded model (the context size) or bound a request's cost are
 checked by the app (limits.py), not here.
 """
