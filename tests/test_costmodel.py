@@ -147,3 +147,26 @@ def test_drafters_share_the_targets_refined_costs(tiny_target):
     assert bigram.target_s is lookup.target_s and bigram.target_observations == [0, 1, 0]
     AutoGamma(bigram).observe_step(1, 2 * lookup.target_s[0])
     assert lookup.target_observations == [1, 1, 0]
+
+
+def test_target_costs_are_measured_once_per_machine_and_model(tiny_target, tmp_path, monkeypatch):
+    """auto γ's T(k) for an adapter whose loader keyed it (`cost_key`) is measured once, then read back from
+    the cache (a new engine, a new process: the same file); an unkeyed adapter is measured every time;
+    a corrupt entry is measured again."""
+    from exactspec import drafting
+
+    monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
+    calls = []
+    real = drafting.measure_target
+    monkeypatch.setattr(drafting, "measure_target", lambda target, max_k: calls.append(max_k) or real(target, max_k=max_k))
+    first = drafting.target_costs(tiny_target, 5)  # unkeyed: measured
+    assert len(first) == 5 and calls == [5]
+    tiny_target.cost_key = "test|tiny"
+    try:
+        keyed = drafting.target_costs(tiny_target, 5)
+        assert drafting.target_costs(tiny_target, 5) == keyed and calls == [5, 5]  # read back
+        for entry in (tmp_path / "target-costs").iterdir():
+            entry.write_text("[not json")
+        assert len(drafting.target_costs(tiny_target, 5)) == 5 and calls == [5, 5, 5]
+    finally:
+        del tiny_target.cost_key

@@ -4,10 +4,12 @@ the bandit). The engine owns one `Drafting`; every generation asks it for a fres
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
 
+from .cachedir import cache_dir, machine_key, write_atomic
 from .drafters import STORE_MB
 from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
@@ -33,6 +35,26 @@ def check_gamma(gamma: int | str) -> int | str:
     if not valid or int(gamma) < 0:
         raise ExactSpecError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
     return int(gamma)
+
+
+def target_costs(target: CausalLM, max_k: int) -> list[float]:
+    """The target's T(1..max_k) (`measure_target`: seconds on a CPU), read back from the cache when its
+    loader gave the adapter a `cost_key` (a model file, its settings) and it was measured on this machine
+    with as many torch threads before: with auto γ the default, every CLI start would pay for it again.
+    The decode loop refines T(k) from real iterations either way."""
+    key = getattr(target, "cost_key", None)
+    if key is None:
+        return measure_target(target, max_k=max_k)
+    path = cache_dir("target-costs") / f"{machine_key(1, key, max_k, torch.get_num_threads())}.json"
+    try:
+        costs = json.loads(path.read_text())
+        if isinstance(costs, list) and len(costs) == max_k and all(isinstance(c, float) and c > 0 for c in costs):
+            return costs
+    except (OSError, ValueError):
+        pass  # absent or unreadable: measured (again)
+    costs = measure_target(target, max_k=max_k)
+    write_atomic(path, json.dumps(costs))
+    return costs
 
 
 class Drafting:
@@ -99,7 +121,7 @@ class Drafting:
             self.set_source(torch.randint(0, self.target.vocab_size, (64,),
                                           generator=torch.Generator().manual_seed(0)).tolist())
         if self._target_costs is None:
-            self._target_costs = measure_target(self.target, max_k=max_gamma + 1)
+            self._target_costs = target_costs(self.target, max_gamma + 1)
             self._target_observations = [0] * len(self._target_costs)
         if draft not in self._costs:
             drafter = self.make(draft)

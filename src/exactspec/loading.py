@@ -4,6 +4,7 @@ where and in which dtype they compute. `engine.load` and `engine.llamacpp_engine
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from . import progress
+from .cachedir import file_identity
 from .device import cpu_name, describe, resolve_device, resolve_dtype
 from .drafting import DRAFT_NAMES
 from .embedded import embedded_model_path
@@ -150,6 +152,8 @@ def _load_torch(path: str, draft: str, dtype, fast: bool, seq2seq: bool, where: 
         check_same_vocab(target_lm, draft_lm, tokenizer, draft)
         draft = "model"
     computes = getattr(target_lm, "dtype", wanted)
+    if os.path.isfile(path):  # a GGUF: auto γ's measured T(k) is cached per file and layout (drafting.py)
+        target_lm.cost_key = f"torch|{file_identity(path)}|{where}|{computes}|{layout and layout.layout}"
     return Loaded(target_lm, tokenizer, draft, draft_lm, str(where), str(computes).removeprefix("torch."), layout,
                   describe(where, computes, layout))
 
@@ -186,6 +190,8 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
     if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
     target = load_self_tested(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
+    settings = json.dumps(target.context_kwargs(), sort_keys=True, default=str)
+    target.cost_key = f"llama.cpp|{file_identity(path)}|{target.repack}|{settings}"  # drafting.target_costs
     tokenizer = load_tokenizer(path)
     draft_lm = None
     if draft not in DRAFT_NAMES:
