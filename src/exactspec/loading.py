@@ -4,7 +4,6 @@ where and in which dtype they compute. `engine.load` and `engine.llamacpp_engine
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -190,8 +189,6 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
     if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
     target = load_self_tested(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
-    settings = json.dumps(target.context_kwargs(), sort_keys=True, default=str)
-    target.cost_key = f"llama.cpp|{file_identity(path)}|{target.repack}|{settings}"  # drafting.target_costs
     tokenizer = load_tokenizer(path)
     draft_lm = None
     if draft not in DRAFT_NAMES:

@@ -138,12 +138,12 @@ def pick(trials: list[tuple[Setting, float, float]]) -> Verdict:
     return Verdict(setting, True, first[1], step_ms)
 
 
-def key(path: str, settings: dict, repack: bool) -> str:
-    """CPU (machine_key) + llama-cpp-python version + the caller's settings + the model file."""
+def key(identity: str, settings: dict, repack: bool) -> str:
+    """CPU (machine_key) + llama-cpp-python version + the caller's settings + the model file's identity."""
     import llama_cpp
 
     text = json.dumps(settings, sort_keys=True, default=str)
-    return machine_key(VERSION, llama_cpp.__version__, text, f"repack={repack}", file_identity(path))
+    return machine_key(VERSION, llama_cpp.__version__, text, f"repack={repack}", identity)
 
 
 GIVEN = ("type_k", "type_v", "n_ubatch")  # a caller's own choice of these is kept as given
@@ -152,8 +152,9 @@ GIVEN = ("type_k", "type_v", "n_ubatch")  # a caller's own choice of these is ke
 def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = None, repack: bool | None = None,
                      **llama_kwargs):
     """A `LlamaCppLM` over `path` under the setting this self-test chose for the machine and file (its
-    `identity` says which, and what greedy identity rests on). `llama_kwargs` go to the adapter; a
-    cache type or n_ubatch among them overrides the candidates' (only their threads then differ)."""
+    `identity` says which, and what greedy identity rests on; its `cost_key` keys auto γ's cached T(k),
+    drafting.target_costs). `llama_kwargs` go to the adapter; a cache type or n_ubatch among them
+    overrides the candidates' (only their threads then differ)."""
     from .llama_cpp import _import, check_gguf_file, default_threads, load_llama_cpp, resolve_repack
 
     _import()  # one line if llama-cpp-python is missing or its library does not load
@@ -168,8 +169,9 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
             lm.set_single_threads(setting.single_threads)
         return lm
 
-    n = threads or default_threads()
-    verdict = choose(make, n, key(path, {"n_ctx": n_ctx, "threads": n, **llama_kwargs}, repack))
+    n, file = threads or default_threads(), file_identity(path)
+    verdict = choose(make, n, key(file, {"n_ctx": n_ctx, "threads": n, **llama_kwargs}, repack))
     lm = make(verdict.setting)
     lm.identity = verdict.describe(lm.threads)
+    lm.cost_key = f"llama.cpp|{file}|{repack}|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}"
     return lm
