@@ -241,7 +241,8 @@ def llama_cpp_api():
     from exactspec.embedded import embedded_model_path
     from exactspec.engine import llamacpp_engine
 
-    yield from _running(create_app(llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2), model_name=MODEL),
+    yield from _running(create_app(llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2, rows=4),
+                                  model_name=MODEL),
                         None)
 
 

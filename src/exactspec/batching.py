@@ -106,6 +106,9 @@ class Scheduler:
 
     def __init__(self, engine, max_rows: int | None = None, stats: Stats | None = None,
                  stopping: threading.Event | None = None) -> None:
+        capacity = getattr(engine.target, "max_rows", None)  # a llama.cpp context holds so many rows
+        if capacity is not None:
+            max_rows = capacity if max_rows is None else min(max_rows, capacity)
         self.engine, self.max_rows = engine, max_rows
         self.stats = stats if stats is not None else Stats()  # the batch's: prefill time, batched forwards
         self._stopping = stopping if stopping is not None else threading.Event()
@@ -123,9 +126,11 @@ class Scheduler:
                 and not self.engine.uses_draft_model(job.request.draft))
 
     def entries(self, deliveries: Entry) -> list[Entry]:
-        """A request's samples as entries to queue: together where they may share a batch, else one each."""
+        """A request's samples as entries to queue: together where they may share a batch (in groups of
+        at most `max_rows`), else one each."""
         if all(self.shares(d.job) for d in deliveries):
-            return [deliveries]
+            size = self.max_rows or len(deliveries)
+            return [deliveries[i:i + size] for i in range(0, len(deliveries), size)]
         return [[d] for d in deliveries]
 
     def take(self, waiting: deque) -> list[Entry]:

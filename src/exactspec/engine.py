@@ -214,7 +214,7 @@ class Engine:
 
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = "auto", chat_template: bool = True,
          dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "auto",
-         prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB) -> Engine:
+         prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB, rows: int = 1) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "suffix" (the context and a store of earlier outputs, `store_mb`
     MiB, 0 = none: drafters/suffix.py), "bigram", "unigram", "auto", "none", or a draft model's path
@@ -224,8 +224,11 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
     sequences kept across requests (0 = off). `device`: "auto" (a CUDA GPU when visible, else the CPU),
     "cpu", "cuda[:N]"; `dtype`: "auto" (bf16 on a GPU; on a CPU
     the fastest layout that passes a bit-equality self-test on this model, cached per machine and
-    model: models/layouts.py) or a dtype: see `engine.device`, `.dtype`, `.layout`, `.hardware`."""
-    engine = _engine(load_models(target, draft, dtype, threads, fast, backend, device), check_gamma(gamma), chat_template)
+    model: models/layouts.py) or a dtype: see `engine.device`, `.dtype`, `.layout`, `.hardware`. `rows`:
+    sequences a llama.cpp target decodes together (its context holds that many, KV memory allowing: a
+    server's or a batch's rows; 1 = one at a time); the torch backend batches rows without it."""
+    loaded = load_models(target, draft, dtype, threads, fast, backend, device, rows)
+    engine = _engine(loaded, check_gamma(gamma), chat_template)
     engine.set_prefix_cache(prefix_cache_mb)
     engine.drafts.set_store(store_mb)
     return engine

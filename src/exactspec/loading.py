@@ -62,7 +62,7 @@ def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast
 
 
 def load_models(target: str | None, draft: str, dtype, threads: int | None, fast: bool, backend: str,
-                device: str) -> Loaded:
+                device: str, rows: int = 1) -> Loaded:
     """`engine.load`'s models (see its docstring): checked before the slow part, then loaded."""
     if threads:
         torch.set_num_threads(threads)
@@ -73,7 +73,7 @@ def load_models(target: str | None, draft: str, dtype, threads: int | None, fast
         backend, why = choose_backend(path, draft, dtype, device)
         if backend == "llama.cpp":
             try:
-                loaded = load_llamacpp(path, draft, threads=threads)
+                loaded = load_llamacpp(path, draft, threads=threads, rows=rows)
             except ExactSpecError as e:  # not installed, its library does not load, a file it cannot run
                 print(f"exactspec: backend torch: llama.cpp cannot run {os.path.basename(path)} here: {e}",
                       file=sys.stderr, flush=True)
@@ -85,7 +85,7 @@ def load_models(target: str | None, draft: str, dtype, threads: int | None, fast
     elif backend == "llama.cpp":
         if str(device) not in ("auto", "cpu"):
             raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
-        return load_llamacpp(path, draft, threads=threads)
+        return load_llamacpp(path, draft, threads=threads, rows=rows)
     if draft not in DRAFT_NAMES and not os.path.exists(draft):
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
     seq2seq = is_encoder_decoder(path)
@@ -179,7 +179,7 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
                   threads: int | None = None, repack: bool | None = None, **llama_kwargs) -> Loaded:
     """A GGUF target run by llama.cpp; the tokenizer is transformers' reading of the same GGUF (its ids
     are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter name or a path to
-    a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (n_ubatch, flash_attn, ...). The
+    a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (rows, n_ubatch, flash_attn, ...). The
     target's cache type, one-token threads and n_ubatch come from the load-time self-test
     (models/llama_cpp_numerics.py); a draft model runs with the same context settings."""
     from .models.llama_cpp import load_llama_cpp  # lazy: a torch target never imports llama.cpp
@@ -193,6 +193,7 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
     draft_lm = None
     if draft not in DRAFT_NAMES:
         settings = {k: v for k, v in target.context_kwargs().items() if k not in ("n_ctx", "n_threads", "n_threads_batch")}
+        # the draft model's cache holds one row: rows that draft with it decode alone (batching.py)
         draft_lm = load_llama_cpp(draft, n_ctx=target.max_length, threads=threads,
                                   eos_token_ids=target.eos_token_ids, repack=target.repack, **settings)
         check_same_vocab(target, draft_lm, tokenizer, draft)

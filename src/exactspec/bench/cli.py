@@ -49,6 +49,18 @@ def add_bench_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     bench.add_argument("--plot", metavar="FILE.png", help="plot measured and predicted speed-up vs gamma")
     bench.add_argument("--batch", metavar="B,...", help="instead: batched throughput for these batch sizes "
                        "(batched speculative vs batched plain vs B sequential runs), e.g. 1,4,8")
+    bench.add_argument("--peer", metavar="LLAMA_SERVER", help="instead: the peer bench (bench/peer.py): start this "
+                       "llama-server binary and `exactspec serve` on the same GGUF and threads, send both the same "
+                       "requests (--peer-workloads) through one client, --reps interleaved rounds; report both side "
+                       "by side, llama-server's own speculation as extra rows, and whether each row's texts equal "
+                       "its own plain row's")
+    bench.add_argument("--peer-workloads", default="agent,edit,chat",
+                       help="comma list of agent, edit, chat, concurrent (the chat prompts 8 at a time; give "
+                            "llama-server slots with --peer-args '--parallel 8') (default agent,edit,chat)")
+    bench.add_argument("--peer-args", default="", metavar="ARGS", help="extra llama-server arguments for every row")
+    bench.add_argument("--peer-spec", default=";".join(peer_spec_default()), metavar="FLAGS;...",
+                       help="llama-server speculation rows, one per ';'-separated flag set (default: %(default)s; "
+                            "'' = none)")
     bench.add_argument("--threads", type=int, default=None)
     add_backend_arg(bench)
     add_verbose_arg(bench)
@@ -111,6 +123,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .runner import build_methods, methods_for, plot, run_bench, to_markdown
     from .workloads import CONSTRAINED, WORKLOADS, load_cases
 
+    if args.peer:
+        return _bench_peer(args)
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
         if w not in WORKLOADS + SPECIAL:
@@ -127,7 +141,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         drafters.append("model")
     args.draft = args.draft_model or "prompt-lookup"
     args.gamma = 4
-    engine = load_engine(args)
+    engine = load_engine(args, rows=_rows(args, special))
     if args.batch:
         return _bench_batch(engine, args, [int(b) for b in _floats(args.batch)], workloads[0], temperatures[0],
                             drafters[0], gammas[0], max_new or default_max_new, reps)
@@ -160,6 +174,54 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("ceiling (every draft accepted, (γ+1) / (T(γ+1)/T(1))): "
               + ", ".join(f"γ={g}: {c:.2f}×" for g, c in _ceiling(cost).items()))
     return 0
+
+
+def peer_spec_default() -> tuple[str, ...]:
+    from .peer import SPEC
+
+    return SPEC
+
+
+def _bench_peer(args: argparse.Namespace) -> int:
+    """`bench --peer PATH`: the peer bench's table (or JSON rows), the CPU and the environment named."""
+    import os
+    import shlex
+    import tempfile
+
+    from ..device import cpu_name
+    from ..embedded import embedded_model_path
+    from ..models.llama_cpp import default_threads
+    from .peer import WORKLOADS, environment, peer_table, run_peer_bench, servers
+
+    if not (os.path.isfile(args.peer) and os.access(args.peer, os.X_OK)):
+        raise ExactSpecError(f"--peer {args.peer}: not an executable llama-server binary")
+    workloads = [w for w in args.peer_workloads.split(",") if w]
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise ExactSpecError(f"unknown peer workload {w!r}: choose from {', '.join(WORKLOADS)}")
+    gguf = os.path.abspath(args.target) if args.target else embedded_model_path()
+    threads = args.threads or default_threads()
+    spec = tuple(f.strip() for f in args.peer_spec.split(";") if f.strip())
+    say = lambda text: print(f"exactspec: peer bench: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    say(f"{cpu_name()}, {threads} threads, {environment()}")
+    with tempfile.TemporaryDirectory(prefix="exactspec-peer-") as logs:
+        rows = run_peer_bench(servers(args.peer, gguf, threads, spec, shlex.split(args.peer_args)), workloads,
+                              args.reps, log_dir=logs, say=say)
+    report = {"hardware": f"{cpu_name()}, {threads} threads", "environment": environment(), "rows": rows}
+    print(json.dumps(report) if args.json else f"{peer_table(rows)}\n\n{report['hardware']}; {report['environment']}")
+    return 0
+
+
+def _rows(args: argparse.Namespace, special: list[str]) -> int:
+    """Rows a llama.cpp target's context holds for this bench: the largest --batch, or the n samples of
+    selfconsistency; else one (the single-row workloads)."""
+    if args.batch:
+        return max(int(b) for b in _floats(args.batch))
+    if "selfconsistency" in special:
+        from .selfconsistency import load_selfconsistency
+
+        return int(load_selfconsistency()["n"])
+    return 1
 
 
 def _ceiling(cost) -> dict[int, float]:
@@ -331,6 +393,8 @@ def _tune_table(args: argparse.Namespace) -> int:
     from .table import measure_table, to_markdown
     from .workloads import WORKLOADS
 
+    if args.peer:
+        return _bench_peer(args)
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
         if w not in WORKLOADS:

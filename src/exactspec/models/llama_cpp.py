@@ -27,6 +27,18 @@ The same settings make our greedy output equal llama.cpp's OWN `Llama.generate` 
 whole prompt in one batch, while we prefill prompt[:-1] and then feed the last token with the drafts);
 the bench anchors use them. Measured with llama-cpp-python 0.3.36; tests check it.
 
+BATCHED ROWS (rows > 1): the context holds `rows` sequences, row b in sequence b, each in its own KV
+stream (kv_unified off; llama.cpp then splits n_ctx evenly, so n_ctx is rows x the per-row context).
+One llama_decode carries every row's tokens (row-major, as many columns as fit n_batch); rows roll back
+with llama_memory_seq_rm(b, length, -1). A row's cells are laid out as they would be alone: its own
+stream, filled from its first cell (in a unified cache, rows' cells interleave and freed cells are
+reused out of order, which changes the order attention sums a row's keys in). Rows that change sequence
+(`select_rows`: a row leaving, n samples sharing a prefill) are copied with the per-sequence state API,
+their used cells only. Whether a row's logits then equal its logits alone, bit for bit, is up to the
+kernels: the load-time self-test checks it (llama_cpp_numerics.rows_vs_alone) and keeps the rows apart
+where it fails. The rows' KV is allocated when the context is created: `affordable_rows` caps them to a
+quarter of the memory available.
+
 Threads: llama.cpp uses `n_threads` for single-token batches and `n_threads_batch` for larger ones. Both
 are `threads`, unless the self-test keeps one-token steps on one thread (an f16 cache, when no other
 setting is bit-equal). The cost model measures T(1) and T(k) as they then run.
@@ -45,7 +57,7 @@ import numpy as np
 import torch
 
 from ..errors import ExactSpecError
-from .base import OneRow
+from .prefix_cache import prefill_prompt
 
 INSTALL_HINT = "llama-cpp-python is not installed (make setup builds it; or pip install 'exactspec[llamacpp]')"
 DEFAULT_N_CTX = 4096
@@ -74,30 +86,37 @@ _PROBED: dict[str, bool] = {}
 
 
 @contextlib.contextmanager
-def _model_params(use_extra_bufts: bool):
-    """`llama_cpp.Llama` takes no argument for llama_model_params.use_extra_bufts: patch the defaults
-    it starts from while it is being constructed."""
+def _default_params(use_extra_bufts: bool, n_seq_max: int):
+    """`llama_cpp.Llama` takes no argument for llama_model_params.use_extra_bufts, nor for the context's
+    n_seq_max and kv_unified: patch the defaults it starts from while it is being constructed."""
     import llama_cpp.llama_cpp as lib
 
     with _PATCH_LOCK:
-        original = lib.llama_model_default_params
+        model_defaults, context_defaults = lib.llama_model_default_params, lib.llama_context_default_params
 
-        def defaults():
-            params = original()
+        def model():
+            params = model_defaults()
             params.use_extra_bufts = use_extra_bufts
             return params
 
-        lib.llama_model_default_params = defaults
+        def context():
+            params = context_defaults()
+            params.n_seq_max = n_seq_max
+            params.kv_unified = False  # one KV stream per sequence: see BATCHED ROWS
+            return params
+
+        lib.llama_model_default_params, lib.llama_context_default_params = model, context
         try:
             yield
         finally:
-            lib.llama_model_default_params = original
+            lib.llama_model_default_params, lib.llama_context_default_params = model_defaults, context_defaults
 
 
-def make_llama(path: str, repack: bool, **kwargs):
-    """`llama_cpp.Llama(path, verbose=False, **kwargs)` with weight repacking on or off."""
+def make_llama(path: str, repack: bool, rows: int = 1, **kwargs):
+    """`llama_cpp.Llama(path, verbose=False, **kwargs)` with weight repacking on or off and room for
+    `rows` sequences (kwargs' n_ctx is then the sum of theirs)."""
     llama_cpp = _import()
-    with _model_params(repack):
+    with _default_params(repack, rows):
         return llama_cpp.Llama(model_path=path, verbose=False, **kwargs)
 
 
@@ -148,14 +167,18 @@ def check_gguf_file(path: str) -> None:
             raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
 
 
-class LlamaCppLM(OneRow):
-    """`CausalLM` (batch 1, sequence 0) over a llama.cpp context."""
+class LlamaCppLM:
+    """`CausalLM` over a llama.cpp context holding up to `rows` sequences (row b = sequence b). With
+    rows > 1 it is `batched` (see BATCHED ROWS); the one-row methods (`forward`, `prefill`, `truncate`,
+    `length`) are row 0's."""
 
     def __init__(self, path: str, n_ctx: int | None = None, threads: int | None = None,
                  eos_token_ids: set[int] | None = None, n_batch: int = 512, n_ubatch: int = DEFAULT_N_UBATCH,
-                 repack: bool | None = None, **llama_kwargs):
+                 repack: bool | None = None, rows: int = 1, **llama_kwargs):
         llama_cpp = _import()
         check_gguf_file(path)
+        if rows < 1:
+            raise ExactSpecError(f"a llama.cpp context holds at least one row, got {rows}")
         self._lib = llama_cpp
         self.path = path
         self.threads = threads or default_threads()
@@ -163,13 +186,16 @@ class LlamaCppLM(OneRow):
         self.identity = "not self-tested at load"  # what greedy identity rests on (llama_cpp_numerics.py)
         train_ctx = _train_context(path)
         want = n_ctx or (min(DEFAULT_N_CTX, train_ctx) if train_ctx > 0 else DEFAULT_N_CTX)
+        rows = affordable_rows(path, rows, want) if rows > 1 else 1
+        self.max_rows, self.batched = rows, rows > 1
         self.n_batch = max(1, min(n_batch, want))
         self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
         self.repack = resolve_repack(path, repack)
         # extra `Llama` arguments (type_k, ...), reused by the bench anchors; see BATCH INVARIANCE above
         self.llama_kwargs = {"flash_attn": True, **llama_kwargs}
         try:
-            self.llama = make_llama(path, self.repack, **self.context_kwargs(want))
+            kwargs = self.context_kwargs(want)
+            self.llama = make_llama(path, self.repack, rows, **{**kwargs, "n_ctx": want * rows})
         except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError for unreadable models
             raise ExactSpecError(f"llama.cpp cannot load {path}: {str(e)[:200]}") from None
         self.ctx = self.llama.ctx
@@ -179,19 +205,19 @@ class LlamaCppLM(OneRow):
         if eos_token_ids is None:
             eos_token_ids = {t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0}
         self.eos_token_ids = set(eos_token_ids)
-        # llama.cpp pads n_ctx up to a multiple of 256; never go past what was asked for
-        self.max_length = min(want, int(llama_cpp.llama_n_ctx(self.ctx)))
+        # llama.cpp pads each sequence's context up to a multiple of 256; never go past what was asked for
+        self.max_length = min(want, int(llama_cpp.llama_n_ctx_seq(self.ctx)))
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
         # Only prompt KV goes to the prefix cache: KV written by one-token decode steps differs in its last
         # bits from a prefill of the same tokens at long contexts (seen at ~500 tokens, where it flipped a
         # greedy choice of the next agent step); prefills split anywhere are bit-equal (checked at 665).
         self.cache_generated_kv = False
-        self._length = 0
+        self._lengths = [0]  # [B] cached positions of each live row
         self.reset()
 
     def context_kwargs(self, n_ctx: int | None = None) -> dict:
-        """Context settings of this adapter, for another `Llama` over the same file (bench anchors)."""
+        """Context settings of this adapter (per sequence), for another `Llama` over the same file (bench anchors)."""
         return dict(n_ctx=n_ctx or self.max_length, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                     n_threads=self.single_threads, n_threads_batch=self.threads, **self.llama_kwargs)
 
@@ -203,87 +229,211 @@ class LlamaCppLM(OneRow):
     # --- cache -------------------------------------------------------------------------------
     @property
     def length(self) -> int:
-        return self._length
+        return self._lengths[0]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._lengths)
+
+    def _room(self, rows: int) -> None:
+        if rows > self.max_rows:
+            if self.max_rows == 1:
+                raise ExactSpecError("LlamaCppLM holds one sequence: decode its rows one at a time "
+                                     "(load it with rows=N to batch N)")
+            raise ExactSpecError(f"this llama.cpp context holds {self.max_rows} rows, not {rows}")
 
     def reset(self, batch: int = 1) -> None:
-        self._set_rows(batch)
+        self._room(batch)
         # metadata only: zeroing the buffers (data=True) took 7-10 ms per generation with a 4096-token
         # context; freed cells are never read, as after any rollback
         self._lib.llama_memory_clear(self.memory, False)
-        self._length = 0
+        self._lengths = [0] * batch
         self.llama.n_tokens = 0  # the high-level Llama object must not reuse a "cached prefix" it did not write
 
-    def snapshot_prefix(self, length: int, row: int = 0) -> tuple[tuple[object, int], int]:
-        """A copy of the first `length` cached positions (llama.cpp's per-sequence state) and its size in
-        bytes, for the prefix cache. Rolls the cache back to `length` first: call it after a generation."""
-        self.truncate(length)
-        size = self._lib.llama_state_seq_get_size(self.ctx, 0)
-        buf = (ctypes.c_uint8 * size)()
-        written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, 0)
-        if written != size:
-            raise ExactSpecError(f"llama.cpp wrote {written} of {size} bytes of its sequence state")
-        return (buf, length), size
+    def _clear(self, seq: int) -> None:
+        self._lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
 
-    def restore_prefix(self, state: tuple[object, int], length: int) -> None:
-        """Hold the first `length` positions of a `snapshot_prefix` state (nothing else)."""
-        buf, stored = state
-        self.reset()
-        if not self._lib.llama_state_seq_set_data(self.ctx, buf, len(buf), 0):
-            self.reset()
-            raise ExactSpecError("llama.cpp could not restore a cached prefix (context full?)")
-        self._length = stored
-        self.truncate(length)
+    def _truncate(self, seq: int, length: int) -> None:
+        if not 0 <= length <= self._lengths[seq]:
+            raise ValueError(f"cannot truncate to {length}: {self._lengths[seq]} tokens cached")
+        if length < self._lengths[seq]:
+            if not self._lib.llama_memory_seq_rm(self.memory, seq, length, -1):
+                raise ExactSpecError("llama.cpp cannot roll back this model's memory (recurrent model?)")
+            self._lengths[seq] = length
 
     def truncate(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot truncate to {length}: {self._length} tokens cached")
-        if length < self._length:
-            if not self._lib.llama_memory_seq_rm(self.memory, 0, length, -1):
-                raise ExactSpecError("llama.cpp cannot roll back this model's memory (recurrent model?)")
-            self._length = length
+        self._truncate(0, length)
+
+    def truncate_rows(self, lengths: list[int] | torch.Tensor) -> None:
+        """lengths [B]: keep the first lengths[b] positions of each row."""
+        for seq, length in enumerate(lengths):
+            self._truncate(seq, int(length))
+
+    def _state(self, seq: int):
+        """A copy of sequence `seq`'s cells (llama.cpp's per-sequence state: its used cells only)."""
+        size = self._lib.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, seq)
+        if written != size:
+            raise ExactSpecError(f"llama.cpp wrote {written} of {size} bytes of its sequence state")
+        return buf
+
+    def _set_state(self, seq: int, buf, length: int) -> None:
+        """Sequence `seq` holds exactly the `length` positions of a `_state` copy (laid out from its
+        first cell, as a prefill of them would be)."""
+        self._clear(seq)
+        self._lengths[seq] = 0
+        if not self._lib.llama_state_seq_set_data(self.ctx, buf, len(buf), seq):
+            self._clear(seq)
+            raise ExactSpecError("llama.cpp could not restore a sequence's cache (context full?)")
+        self._lengths[seq] = length
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep (or repeat) the given rows [B'], in that order: rows that change sequence are copied
+        (their used cells only), every source read before any is overwritten."""
+        rows = [int(r) for r in rows]
+        self._room(len(rows))
+        moves = [(seq, src) for seq, src in enumerate(rows) if src != seq]
+        states = {src: self._state(src) for src in {src for _, src in moves}}
+        lengths = [self._lengths[src] for src in rows]
+        self._lengths += [0] * (len(rows) - len(self._lengths))
+        for seq, src in moves:
+            self._set_state(seq, states[src], lengths[seq])
+        for seq in range(len(rows), len(self._lengths)):
+            self._clear(seq)
+        self._lengths = lengths
+
+    def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
+        """Append `copies` rows holding prompt_ids[:-1]: the first is prefilled (through the prefix cache,
+        if any) in its own sequence, the running rows untouched; the others copy its cells. -> tokens reused."""
+        if not prompt_ids or len(prompt_ids) >= self.max_length:
+            raise ExactSpecError(f"a prompt of {len(prompt_ids)} tokens cannot join a {self.max_length}-token context")
+        seq = self.batch_size
+        self._room(seq + copies)
+        self._lengths.append(0)
+        try:
+            reused = prefill_prompt(_Row(self, seq), prompt_ids[:-1])
+            if copies > 1:
+                state = self._state(seq)
+                for _ in range(copies - 1):
+                    self._lengths.append(0)
+                    self._set_state(len(self._lengths) - 1, state, self._lengths[seq])
+        except BaseException:
+            for extra in range(seq, len(self._lengths)):
+                self._clear(extra)
+            del self._lengths[seq:]
+            raise
+        return reused
+
+    def save_cache(self) -> list:
+        """Every row's cells, for `restore_cache` after the context was used for something else."""
+        return [(self._state(seq), length) for seq, length in enumerate(self._lengths)]
+
+    def restore_cache(self, saved: list) -> None:
+        self.reset(len(saved))
+        for seq, (buf, length) in enumerate(saved):
+            self._set_state(seq, buf, length)
+
+    def snapshot_prefix(self, length: int, row: int = 0) -> tuple[tuple[object, int], int]:
+        """A copy of row `row`'s first `length` cached positions and its size in bytes, for the prefix
+        cache. Rolls that row back to `length` first: call it when the row leaves."""
+        self._truncate(row, length)
+        buf = self._state(row)
+        return (buf, length), len(buf)
+
+    def restore_prefix(self, state: tuple[object, int], length: int) -> None:
+        """A one-row cache holding the first `length` positions of a `snapshot_prefix` state."""
+        self.reset()
+        self._restore(0, state, length)
+
+    def _restore(self, seq: int, state: tuple[object, int], length: int) -> None:
+        buf, stored = state
+        self._set_state(seq, buf, stored)
+        self._truncate(seq, length)
 
     # --- forward -----------------------------------------------------------------------------
     def forward(self, new_ids: torch.Tensor) -> torch.Tensor:
-        """new_ids [1, k] -> logits [1, k, V] float32; appends k positions to the cache."""
-        rows = self._decode(new_ids.reshape(-1).tolist(), np.copy)  # [n, V] per llama_decode call
+        """new_ids [1, k] -> logits [1, k, V] float32; appends k positions to row 0."""
+        rows = self._decode(0, new_ids.reshape(-1).tolist(), np.copy)  # [n, V] per llama_decode call
         return torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))[None]
 
     def forward_argmax(self, new_ids: list[int]) -> list[int]:
-        """The argmax of each new position's logits, read in place (no [k, V] copy, no torch): the decode
-        loop's temperature-0 path. Python work after a llama_decode runs with cold caches (~10-50 µs per
-        torch op here), so at ~10 ms per token every op skipped is worth ~0.3%."""
-        return [int(t) for rows in self._decode(new_ids, lambda logits: logits.argmax(-1)) for t in rows]
+        """The argmax of each new position's logits (row 0), read in place (no [k, V] copy, no torch): the
+        decode loop's temperature-0 path. Python work after a llama_decode runs with cold caches (~10-50 µs
+        per torch op here), so at ~10 ms per token every op skipped is worth ~0.3%."""
+        return [int(t) for rows in self._decode(0, new_ids, lambda logits: logits.argmax(-1)) for t in rows]
 
     def prefill(self, new_ids: torch.Tensor) -> None:
         """Like `forward` but computes no logits (no output projection, no copy): ~15-25% of a prefill of
         the embedded model."""
-        self._decode(new_ids.reshape(-1).tolist(), None)
+        self._decode(0, new_ids.reshape(-1).tolist(), None)
 
-    def _decode(self, ids: list[int], read) -> list:
-        """Append `ids` in llama_decode calls of up to n_batch tokens. `read(logits [n, V])` gets each
-        call's logits in place, before the next call overwrites them; -> its results (none if `read` is None)."""
+    def forward_rows(self, new_ids: torch.Tensor, logits: bool = True) -> torch.Tensor | None:
+        """new_ids [B, k]: row b appends k positions at its own length -> logits [B, k, V] (None if not
+        `logits`). Every row's tokens go into the same llama_decode calls (as many columns as fit n_batch)."""
+        B, k = new_ids.shape
+        if B != self.batch_size:
+            raise ValueError(f"got {B} rows for a cache of {self.batch_size}")
+        if B == 1:
+            return self.forward(new_ids) if logits else self.prefill(new_ids)
+        ids, read = new_ids.tolist(), (np.copy if logits else None)
+        width = max(1, self.n_batch // B)
+        chunks = [self._decode_rows([row[c:c + width] for row in ids], read) for c in range(0, k, width)]
+        if not logits:
+            return None
+        return torch.from_numpy(np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0])  # [B, k, V]
+
+    def _decode_rows(self, ids: list[list[int]], read) -> np.ndarray | None:
+        """One llama_decode of m tokens for every row (row b: sequence b, positions from its length),
+        row-major -> read(logits [B*m, V]) reshaped [B, m, V] (None if `read` is None)."""
+        B, m = len(ids), len(ids[0])
+        end = max(self._lengths) + m
+        if end > self.max_length:
+            raise ExactSpecError(f"context length {end} exceeds the model's {self.max_length} tokens")
+        batch, i = self.batch, 0
+        for seq, row in enumerate(ids):
+            for j, token in enumerate(row):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, self._lengths[seq] + j, 1
+                batch.seq_id[i][0], batch.logits[i] = seq, int(read is not None)
+                i += 1
+        self._run(i, [(seq, self._lengths[seq]) for seq in range(B)])
+        self._lengths = [length + m for length in self._lengths]
+        if read is None:
+            return None
+        logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx), shape=(B * m, self.vocab_size))
+        return read(logits).reshape(B, m, self.vocab_size)
+
+    def _run(self, n: int, starts: list[tuple[int, int]]) -> None:
+        """llama_decode of the first n tokens of the batch; on failure every sequence is cut back to its
+        start (a failed decode may leave part of the batch in the cache)."""
+        self.batch.n_tokens = n
+        rc = self._lib.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            for seq, start in starts:
+                self._lib.llama_memory_seq_rm(self.memory, seq, start, -1)
+            raise ExactSpecError(f"llama_decode failed (code {rc}) at position {min(s for _, s in starts)}")
+
+    def _decode(self, seq: int, ids: list[int], read) -> list:
+        """Append `ids` to row `seq` in llama_decode calls of up to n_batch tokens. `read(logits [n, V])`
+        gets each call's logits in place, before the next call overwrites them; -> its results (none if
+        `read` is None)."""
         k, V = len(ids), self.vocab_size
-        if self._length + k > self.max_length:
-            raise ExactSpecError(f"context length {self._length + k} exceeds the model's {self.max_length} tokens")
+        if self._lengths[seq] + k > self.max_length:
+            raise ExactSpecError(f"context length {self._lengths[seq] + k} exceeds the model's {self.max_length} tokens")
         batch, lib, flag, out = self.batch, self._lib, int(read is not None), []
         for start in range(0, k, self.n_batch):
             chunk = ids[start:start + self.n_batch]
-            n = len(chunk)
+            n, length = len(chunk), self._lengths[seq]
             for i, token in enumerate(chunk):
                 batch.token[i] = token
-                batch.pos[i] = self._length + i
+                batch.pos[i] = length + i
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
+                batch.seq_id[i][0] = seq
                 batch.logits[i] = flag
-            batch.n_tokens = n
-            rc = lib.llama_decode(self.ctx, batch)
-            if rc != 0:
-                # a failed decode may leave part of the batch in the cache: drop it
-                lib.llama_memory_seq_rm(self.memory, 0, self._length, -1)
-                raise ExactSpecError(f"llama_decode failed (code {rc}) at position {self._length}")
+            self._run(n, [(seq, length)])
             if read is not None:
                 out.append(read(np.ctypeslib.as_array(lib.llama_get_logits(self.ctx), shape=(n, V))))
-            self._length += n
+            self._lengths[seq] += n
         return out
 
     def close(self) -> None:
@@ -300,12 +450,33 @@ class LlamaCppLM(OneRow):
             pass
 
 
+class _Row:
+    """Row `seq` of a LlamaCppLM seen as a one-row adapter, for a joining row's prefill through the
+    prefix cache (prefix_cache.prefill_prompt): its reset empties that row alone."""
+
+    def __init__(self, lm: LlamaCppLM, seq: int) -> None:
+        self.lm, self.seq = lm, seq
+        self.prefix_cache = lm.prefix_cache
+        self.snapshot_prefix = lm.snapshot_prefix  # what marks an adapter as prefix-cacheable
+
+    def reset(self) -> None:
+        self.lm._clear(self.seq)
+        self.lm._lengths[self.seq] = 0
+
+    def prefill(self, new_ids: torch.Tensor) -> None:
+        self.lm._decode(self.seq, new_ids.reshape(-1).tolist(), None)
+
+    def restore_prefix(self, state: tuple[object, int], length: int) -> None:
+        self.lm._restore(self.seq, state, length)
+
+
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
-def _train_context(path: str) -> int:
-    """`{arch}.context_length` from the GGUF header (0 if absent or unreadable). Reads key by key and
-    stops there, before the tokenizer arrays (gguf.GGUFReader parses them all: seconds per file)."""
+def _header(path: str, names: tuple[str, ...]) -> dict[str, int]:
+    """Integer values `{arch}.{name}` from the GGUF header (absent or unreadable: left out). Reads key by
+    key and stops once all are found, usually before the tokenizer arrays (gguf.GGUFReader parses them
+    all: seconds per file)."""
     import struct
 
     def read(f, fmt):
@@ -333,23 +504,56 @@ def _train_context(path: str) -> int:
         else:
             raise ValueError(f"unknown GGUF value type {vtype}")
 
+    found: dict[str, int] = {}
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF" or read(f, "<I") < 2:
-                return 0
+                return found
             read(f, "<Q")  # tensor count
             arch = None
             for _ in range(read(f, "<Q")):
                 key, vtype = string(f), read(f, "<I")
+                name = key[len(arch) + 1:] if arch is not None and key.startswith(arch + ".") else None
                 if key == "general.architecture" and vtype == 8:
                     arch = string(f)
-                elif arch is not None and key == f"{arch}.context_length" and vtype in _SCALAR:
-                    return int(read(f, _SCALAR[vtype]))
+                elif name in names and vtype in _SCALAR:
+                    found[name] = int(read(f, _SCALAR[vtype]))
+                    if len(found) == len(names):
+                        break
                 else:
                     skip(f, vtype)
     except (OSError, ValueError, OverflowError, MemoryError, struct.error, UnicodeDecodeError):
         pass  # llama.cpp's own load then says what is wrong with the file
-    return 0
+    return found
+
+
+def _train_context(path: str) -> int:
+    """`{arch}.context_length` from the GGUF header (0 if absent or unreadable)."""
+    return _header(path, ("context_length",)).get("context_length", 0)
+
+
+def kv_bytes_per_token(path: str) -> int:
+    """An upper bound of one cached token's K and V over all layers (f16), from the GGUF header; 0 if
+    the header does not say."""
+    h = _header(path, ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+                       "attention.key_length", "attention.value_length"))
+    if not {"block_count", "embedding_length", "attention.head_count"} <= h.keys() or not h["attention.head_count"]:
+        return 0
+    head = h["embedding_length"] // h["attention.head_count"]
+    kv_heads = h.get("attention.head_count_kv", h["attention.head_count"])
+    return 2 * h["block_count"] * kv_heads * (h.get("attention.key_length", head) + h.get("attention.value_length", head))
+
+
+def affordable_rows(path: str, rows: int, n_ctx: int) -> int:
+    """At most `rows`, as many as fit a quarter of the memory available now with `n_ctx` positions each
+    (every row's KV is allocated when the context is created)."""
+    per_row = kv_bytes_per_token(path) * n_ctx
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return rows
+    return max(1, min(rows, available // 4 // per_row)) if per_row else rows
 
 
 def load_llama_cpp(path: str, n_ctx: int | None = None, threads: int | None = None,

@@ -149,12 +149,55 @@ def key(identity: str, settings: dict, repack: bool) -> str:
 GIVEN = ("type_k", "type_v", "n_ubatch")  # a caller's own choice of these is kept as given
 
 
+def rows_vs_alone(lm) -> float:
+    """Max |logits| difference between rows of uneven lengths scored TOGETHER (one llama_decode: a
+    block of BLOCK tokens per row, then one token per row) and the same rows scored ALONE (0.0: a row's
+    logits do not depend on its neighbours). Needs lm.max_rows >= 2; the adapter is reset."""
+    B = min(lm.max_rows, 4)
+    context = max(1, min(CONTEXT, lm.max_length // 2 - BLOCK))
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, lm.vocab_size, (context + 37 * b,), generator=gen).tolist() for b in range(B)]
+    feed = torch.randint(0, lm.vocab_size, (B, BLOCK), generator=gen)  # [B, BLOCK]
+    lm.reset(0)
+    for prompt in prompts:
+        lm.append_rows(prompt + [0])  # the row holds `prompt`
+    together = [lm.forward_rows(feed)]  # [B, BLOCK, V]
+    lm.truncate_rows([len(p) for p in prompts])
+    together.append(lm.forward_rows(feed[:, :1]))  # [B, 1, V]
+    diff = 0.0
+    for b, prompt in enumerate(prompts):
+        lm.reset(1)
+        lm.prefill(torch.tensor([prompt]))
+        block = lm.forward(feed[b:b + 1])[0]
+        lm.truncate(len(prompt))
+        step = lm.forward(feed[b:b + 1, :1])[0]
+        diff = max(diff, float((together[0][b] - block).abs().max()), float((together[1][b] - step).abs().max()))
+    lm.reset()
+    return diff
+
+
+def batch_verdict(lm, key: str) -> float:
+    """`rows_vs_alone` for `lm`, cached under `key` (the numerics verdict's key and the row count)."""
+    path = cache_dir("llamacpp-numerics") / f"{key}-rows.json"
+    if path.exists():
+        try:
+            return float(json.loads(path.read_text())["max_diff"])
+        except (ValueError, TypeError, KeyError):
+            pass
+    with progress.timed("llama.cpp batched-rows self-test"):
+        diff = rows_vs_alone(lm)
+    write_atomic(path, json.dumps({"max_diff": diff}))
+    return diff
+
+
 def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = None, repack: bool | None = None,
-                     **llama_kwargs):
+                     rows: int = 1, **llama_kwargs):
     """A `LlamaCppLM` over `path` under the setting this self-test chose for the machine and file (its
     `identity` says which, and what greedy identity rests on; its `cost_key` keys auto γ's cached T(k),
     drafting.target_costs). `llama_kwargs` go to the adapter; a cache type or n_ubatch among them
-    overrides the candidates' (only their threads then differ)."""
+    overrides the candidates' (only their threads then differ). `rows` > 1: a context for that many
+    batched rows, kept batched only if a row scored beside others equals it scored alone, bit for bit
+    (`rows_vs_alone`); otherwise its rows decode one at a time, and `identity` says so."""
     from .llama_cpp import _import, check_gguf_file, default_threads, load_llama_cpp, resolve_repack
 
     _import()  # one line if llama-cpp-python is missing or its library does not load
@@ -162,16 +205,22 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     repack = resolve_repack(path, repack)
     given = {k: llama_kwargs[k] for k in GIVEN if k in llama_kwargs}
 
-    def make(setting: Setting):
-        lm = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack,
+    def make(setting: Setting, rows: int = 1):
+        lm = load_llama_cpp(path, n_ctx=n_ctx, threads=threads, repack=repack, rows=rows,
                             **{**llama_kwargs, **setting.llama_kwargs(), **given})
         if setting.single_threads:
             lm.set_single_threads(setting.single_threads)
         return lm
 
     n, file = threads or default_threads(), file_identity(path)
-    verdict = choose(make, n, key(file, {"n_ctx": n_ctx, "threads": n, **llama_kwargs}, repack))
-    lm = make(verdict.setting)
+    verdict_key = key(file, {"n_ctx": n_ctx, "threads": n, **llama_kwargs}, repack)
+    verdict = choose(make, n, verdict_key)
+    lm = make(verdict.setting, rows)
     lm.identity = verdict.describe(lm.threads)
+    if rows > 1:
+        diff = batch_verdict(lm, f"{verdict_key}-{rows}")
+        if diff != 0.0:
+            lm.batched = False
+            lm.identity += f"; rows decode one at a time (a row scored beside others differs by {diff:.3g} here)"
     lm.cost_key = f"llama.cpp|{file}|{repack}|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}"
     return lm

@@ -44,6 +44,9 @@ def load_kwargs(args: argparse.Namespace) -> dict:
         kwargs["store_mb"] = args.store_mb
     if hasattr(args, "prefix_cache_mb"):  # serve's: every replica keeps its own prefix cache
         kwargs["prefix_cache_mb"] = 0 if args.no_prefix_cache else args.prefix_cache_mb
+    rows = getattr(args, "max_rows", None) or getattr(args, "batch_size", None)
+    if rows:  # a llama.cpp target's context holds the rows a replica (or batch worker) decodes together
+        kwargs["rows"] = rows
     return kwargs
 
 
@@ -128,7 +131,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if args.replicas is None:
         from ..cli_common import load_engine
 
-        engine = load_engine(args, prefix_cache_mb=load_kwargs(args)["prefix_cache_mb"])
+        engine = load_engine(args, prefix_cache_mb=load_kwargs(args)["prefix_cache_mb"], rows=args.batch_size)
         outputs = batch.run_local(engine, lines, args.batch_size, args.max_tokens)
     else:
         from . import init_ray

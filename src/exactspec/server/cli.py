@@ -47,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
 
-    engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb)
+    engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb, rows=args.max_rows)
     warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
     print(f"exactspec: serving on {engine.hardware}; greedy identity {engine.runtime()['greedy_identity']}",
           file=sys.stderr, flush=True)

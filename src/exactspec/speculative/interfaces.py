@@ -4,10 +4,11 @@ CausalLM. An adapter owns its KV cache: `forward` appends new tokens and returns
 of them (one pass, so verifying γ drafts costs one call), `prefill` appends without logits, `truncate`
 rolls the cache back to an earlier length (rejected drafts are forgotten by a length change, not a
 copy). The loop (speculative/loop.py) runs every generation as a batch of rows, so it talks to the batch
-methods: `forward_rows`, `truncate_rows`, `select_rows`, `reset(batch)`, `join`. An adapter whose cache
-holds one sequence (transformers, encoder-decoder, llama.cpp) inherits them from `models.base.OneRow`:
-a batch of at most one row, so B = 1 needs no special case in the loop. `batched` says which kind an
-adapter is (the server and `Engine.generate_batch` decode one-row adapters' requests one after another).
+methods: `forward_rows`, `truncate_rows`, `select_rows`, `reset(batch)`, `append_rows`. An adapter whose
+cache holds one sequence (transformers, encoder-decoder, a one-row llama.cpp context) inherits them from
+`models.base.OneRow`, or refuses a second row (llama.cpp): a batch of at most one row, so B = 1 needs no
+special case in the loop. `batched` says which kind an adapter is (batching.py decodes one-row adapters'
+requests one after another); models/fast_llama.py and a llama.cpp context of several rows are batched.
 
 Drafter: propose up to k tokens (with the law they were drawn from), then hear the outcome.
 Drafters never see the target model. The verifier only needs each proposed token and the draft
