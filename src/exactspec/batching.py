@@ -25,6 +25,7 @@ to the end for the offline callers.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -174,8 +175,11 @@ class Scheduler:
         """The rows of one request's samples, built by the engine as every generation's are
         (`Engine.rows`: one γ policy for them); [] if that fails, failing them."""
         jobs = [d.job for d in samples]
+        # "auto"'s first measurement of the target's speed resets its cache: the batch's is lent meanwhile
+        # (a copy of every row's cells on llama.cpp, so only while that measurement is still to come)
+        lend = self._decoder.lend() if not self.engine.drafts.target_measured else contextlib.nullcontext()
         try:
-            with self._decoder.lend():  # "auto"'s first measurement of the target's speed resets its cache
+            with lend:
                 return self.engine.rows(jobs[0].request, [j.result for j in jobs], [j.seed for j in jobs], keys=samples)
         except Exception as e:
             for d in samples:

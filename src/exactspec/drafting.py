@@ -109,6 +109,12 @@ class Drafting:
             self._bandit = DraftBandit(self._target_costs)
         return self._bandit
 
+    @property
+    def target_measured(self) -> bool:
+        """Whether the target's T(k) is known (until then, building an auto-γ row measures it: the
+        target's cache is reset)."""
+        return self._target_costs is not None
+
     def uses_draft_model(self, draft: str) -> bool:
         """Whether generations with `draft` run the draft model (one sequence at a time: it has one cache)."""
         return draft == "model" or (draft == "auto" and self.draft_model is not None)
