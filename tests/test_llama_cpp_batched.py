@@ -135,14 +135,15 @@ def test_rows_that_depend_on_their_neighbours_decode_one_at_a_time(monkeypatch):
     assert "one at a time" in lm.identity and "0.25" in lm.identity
 
 
-@pytest.mark.parametrize("gamma", [0, 4, "auto"])
+@pytest.mark.parametrize("gamma", [4, "auto"])  # 4: rows' feeds padded to the widest; auto: the batch's γ
 def test_greedy_rows_equal_rows_alone(engine, gamma):
-    """More prompts than rows: rows leave and join between iterations (continuous batching)."""
+    """More prompts than rows: rows leave and join between iterations (continuous batching). Each row's
+    plain decoding alone is the reference (our own greedy identity on one row is test_llama_cpp's)."""
     batched_or_skip(engine)
-    together, stats = engine.generate_batch(PROMPTS, max_new_tokens=40, temperature=0, gamma=gamma)
+    together, stats = engine.generate_batch(PROMPTS, max_new_tokens=32, temperature=0, gamma=gamma)
     assert stats.target_calls < sum(len(r.token_ids) for r in together)  # rows shared forwards
     for prompt, row in zip(PROMPTS, together):
-        assert row.token_ids == engine.generate(prompt, max_new_tokens=40, temperature=0, gamma=gamma).token_ids
+        assert row.token_ids == engine.generate(prompt, max_new_tokens=32, temperature=0, gamma=0).token_ids
 
 
 def test_seeded_samples_equal_the_same_seeds_alone(engine):
