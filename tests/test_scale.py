@@ -9,6 +9,7 @@ process with the same checkpoint at the replicas' thread count (1).
 from __future__ import annotations
 
 import json
+import re
 import socket
 import string
 import sys
@@ -29,7 +30,8 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 serve = pytest.importorskip("ray.serve")
 
 from exactspec.scale import batch, require_ray  # noqa: E402
-from exactspec.scale.serve import REPLICA_HEADER, Replicas  # noqa: E402
+from exactspec.scale.routing import PrefixTable, routing_text  # noqa: E402
+from exactspec.scale.serve import REPLICA_HEADER, Replicas, merge_metrics  # noqa: E402
 from exactspec.scale.serve import run as serve_run  # noqa: E402
 
 CHARS = string.ascii_lowercase + string.digits + " .,:?!\n"
@@ -86,10 +88,12 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def served(cluster, tiny_dir):
-    """The OpenAI app on Ray Serve: 2 replicas x 1 CPU, at most 2 rows (and 2 ongoing requests) each."""
+    """The OpenAI app on Ray Serve: 2 replicas x 1 CPU, at most 2 rows (and 2 ongoing requests) each, a
+    prefix cache each, behind the front ingress, with the default (affinity) routing."""
     port = _free_port()
     started = time.perf_counter()
-    serve_run(dict(target=tiny_dir, draft="prompt-lookup", gamma=4), MODEL, 2, Replicas(count=2, cpus=1), port=port)
+    serve_run(dict(target=tiny_dir, draft="prompt-lookup", gamma=4, prefix_cache_mb=16), MODEL, 2,
+              Replicas(count=2, cpus=1), port=port)
     print(f"[2 replicas ready in {time.perf_counter() - started:.1f} s]", file=sys.stderr)
     return f"http://127.0.0.1:{port}"
 
@@ -126,8 +130,8 @@ def test_two_replicas_serve_16_concurrent_requests_exactly(served, engine):
     replicas = {replica for replica, _, _ in answers}
     assert None not in replicas and len(replicas) == 2, f"both replicas should serve some: {replicas}"
 
-    metrics = httpx.get(f"{served}/metrics", timeout=30)  # per replica: the one named in the header
-    assert metrics.headers[REPLICA_HEADER] in replicas and "exactspec_emitted_tokens_total" in metrics.text
+    metrics = httpx.get(f"{served}/metrics", timeout=30)  # the fleet's: every replica's samples, labelled
+    assert set(re.findall(r'replica="([^"]+)"', metrics.text)) == replicas
     bad = complete(served, {"prompt": "x", "temperature": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
 
@@ -144,6 +148,76 @@ def test_streaming_through_serve_equals_non_streaming(served):
             elif line.startswith("data: "):
                 pieces.append(json.loads(line[6:])["choices"][0]["text"])
     assert done and len(pieces) > 2 and "".join(pieces) == whole
+
+
+def test_agent_sessions_stay_on_the_replica_holding_their_prefix(served):
+    """4 sessions x 3 steps, interleaved: each step re-sends the session's whole text (a longer prompt
+    starting with the previous one). Every step after the first goes to its session's replica and
+    finds most of its prompt cached; the first steps (no history: nothing cached) are the control."""
+    texts = [f"session {s}: the agent reads the file, edits line {s}, runs the tests.".ljust(64, ".")
+             for s in range(4)]  # whole 32-character blocks, and 3 steps within the tiny model's 128 tokens
+    seen: dict[int, list] = {s: [] for s in range(4)}
+
+    def step(s: int) -> None:
+        r = complete(served, {"prompt": texts[s], "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        seen[s].append((r.headers[REPLICA_HEADER], usage["prompt_tokens_details"]["cached_tokens"],
+                        usage["prompt_tokens"]))
+        texts[s] += r.json()["choices"][0]["text"] + " next:"
+
+    for _ in range(3):
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(step, range(4)))
+    for s, steps in seen.items():
+        assert steps[0][1] == 0, f"session {s}'s first step found a cache it cannot have: {steps}"
+        assert len({replica for replica, _, _ in steps}) == 1, f"session {s} moved between replicas: {steps}"
+        assert all(cached >= prompt_tokens / 2 for _, cached, prompt_tokens in steps[1:]), (s, steps)
+    assert len({steps[0][0] for steps in seen.values()}) == 2, "the sessions should be spread over both replicas"
+
+
+def test_front_refuses_large_bodies_and_shows_every_replicas_metrics(served):
+    big = httpx.post(f"{served}/v1/completions", content=b"x" * (4 * 1024 * 1024 + 1), timeout=60,
+                     headers={"content-type": "application/json"})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    fleet = httpx.get(f"{served}/metrics", timeout=60)
+    assert fleet.status_code == 200
+    replicas = set(re.findall(r'replica="([^"]+)"', fleet.text))
+    assert len(replicas) == 2 and "exactspec_emitted_tokens_total{replica=" in fleet.text
+    assert fleet.text.count("# TYPE exactspec_emitted_tokens_total ") == 1
+    for replica in replicas:
+        one = httpx.get(f"{served}/metrics", params={"replica": replica}, timeout=60)
+        assert one.headers[REPLICA_HEADER] == replica and 'replica="' not in one.text
+    gone = httpx.get(f"{served}/metrics", params={"replica": "SERVE_REPLICA::exactspec#ExactSpec#none"}, timeout=60)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "replica_not_found"
+    assert httpx.get(f"{served}/health", timeout=60).status_code == 200
+    assert httpx.get(f"{served}/v1/models", timeout=60).json()["data"][0]["id"] == MODEL
+
+
+def test_routing_text_and_prefix_table():
+    chat = json.dumps({"messages": [{"role": "system", "content": "be brief"},
+                                    {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}).encode()
+    assert routing_text(chat) == "system: be brief\nuser: hi\n"
+    assert routing_text(b'{"prompt": ["one", "two"]}') == "one" and routing_text(b'{"prompt": [1, 2]}') is None
+    assert routing_text(b"not json") is None and routing_text(b"[1]") is None
+    table, first = PrefixTable(), "a" * 40 + "b" * 60
+    table.record(first, "A")
+    assert table.match(first + " and more", {"A"}) == ("A", 96)  # whole 32-character blocks
+    assert table.match("c" + first, {"A"}) == (None, 0)  # shares no prefix
+    assert table.match(first, set()) == (None, 0)  # A is gone
+    table.record("a" * 40 + "z" * 60, "B")  # the shared first block is now B's, the rest stays A's
+    assert table.match(first, {"A", "B"}) == ("A", 96) and table.match(first, {"B"}) == ("B", 32)
+    small = PrefixTable(capacity=2)
+    small.record("x" * 96, "A")
+    assert small.match("x" * 96, {"A"}) == (None, 0)  # its oldest (first) block was evicted
+
+
+def test_merge_metrics_labels_every_sample_once_per_family():
+    a = "# HELP t_total T\n# TYPE t_total counter\nt_total 3\n# HELP h H\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\n"
+    b = "# HELP t_total T\n# TYPE t_total counter\nt_total 4\n"
+    assert merge_metrics({"A": a, "B": b}).splitlines() == [
+        "# HELP t_total T", "# TYPE t_total counter", 't_total{replica="A"} 3', 't_total{replica="B"} 4',
+        "# HELP h H", "# TYPE h histogram", 'h_bucket{replica="A",le="1"} 2']
 
 
 def _stream(base: str, i: int, log: list) -> None:
