@@ -206,7 +206,11 @@ def test_routing_text_and_prefix_table():
     assert table.match("c" + first, {"A"}) == (None, 0)  # shares no prefix
     assert table.match(first, set()) == (None, 0)  # A is gone
     table.record("a" * 40 + "z" * 60, "B")  # the shared first block is now B's, the rest stays A's
-    assert table.match(first, {"A", "B"}) == ("A", 96) and table.match(first, {"B"}) == ("B", 32)
+    assert table.match(first, {"A", "B"}) == ("A", 96) and table.match(first, {"B"}) == (None, 0)
+    assert table.match("a" * 40 + "z" * 60 + " more", {"A", "B"}) == ("B", 96)
+    assert table.match("a" * 40 + "q" * 60, {"A", "B"}) == (None, 0)  # a shared head is no earlier prompt
+    table.record(first + "c" * 64, "B")  # A's session continued on B: its whole earlier prompt is B's now
+    assert table.match(first + "d" * 32, {"A", "B"}) == ("B", 96)
     small = PrefixTable(capacity=2)
     small.record("x" * 96, "A")
     assert small.match("x" * 96, {"A"}) == (None, 0)  # its oldest (first) block was evicted

@@ -18,6 +18,10 @@ def add_ray_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-replicas", type=int, default=None, metavar="N", help="autoscale: most replicas")
     g.add_argument("--target-ongoing-requests", type=float, default=None, metavar="R",
                    help="autoscale: requests per replica (queued or running) that Serve aims for")
+    g.add_argument("--routing", choices=("affinity", "ray-prefix", "load"), default="affinity",
+                   help="which replica serves a request: 'affinity' (default) the one holding the longest prefix "
+                        "of its prompt (an agent session's earlier steps) unless its queue is full, else the "
+                        "less loaded of two; 'ray-prefix' Ray's PrefixCacheAffinityRouter; 'load' queue length only")
 
 
 def _add_ray_args(g, unit: str) -> None:
@@ -69,7 +73,7 @@ def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
 
     count = args.replicas if args.replicas is not None else max(1, args.min_replicas or 1)
     replicas = Replicas(count, args.cpus_per_replica, args.min_replicas,
-                        args.max_replicas, args.target_ongoing_requests)
+                        args.max_replicas, args.target_ongoing_requests, args.routing)
     for name in ("count", "cpus"):
         if getattr(replicas, name) <= 0:
             raise ExactSpecError(f"--{'replicas' if name == 'count' else 'cpus-per-replica'} must be > 0")
@@ -79,7 +83,7 @@ def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
         raise ExactSpecError("--max-replicas must be >= --replicas and --min-replicas")
     _check_target(args)
     init_ray(args.ray_address, max(replicas.count, replicas.max_replicas or 0) * replicas.cpus)
-    print(f"exactspec: deploying {replicas.count} replica(s) on Ray Serve", file=sys.stderr)
+    print(f"exactspec: deploying {replicas.count} replica(s) on Ray Serve, {replicas.routing} routing", file=sys.stderr)
     run(load_kwargs(args), model_name, args.max_rows, replicas, args.host, args.port, blocking=True)
     return 0
 

@@ -6,9 +6,9 @@ earlier answers in its output store. The front ingress (serve.py) reads each req
 the engine deployment one `ForwardedRequest`, whose `text` (the prompt, or the chat messages flattened)
 the routers here can see. Three routers, `ROUTERS[name]` (`serve --routing NAME`); this module needs Ray:
 
-    affinity    `AffinityRouter`: the replica that served the longest earlier prompt sharing this one's
-                prefix (at least `min_share` of it), unless that replica's queue is full; otherwise
-                power of two choices. Its table lives in the front's process (one front replica).
+    affinity    `AffinityRouter`: the replica that served the longest earlier prompt this one extends
+                (the session's previous step), unless that replica's queue is full; otherwise the
+                replica with the fewest requests in flight. Its state lives in the front's process.
     ray-prefix  Ray's `PrefixCacheAffinityRouter` (a prefix tree in a detached actor), fed our text.
     load        Ray's default power of two choices (queue length only).
 
@@ -19,8 +19,9 @@ and route text-less requests (/health, /v1/models) by load.
 from __future__ import annotations
 
 import json
+import random
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
@@ -28,6 +29,7 @@ from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import LocalityMixin, MultiplexMixin, RequestRouter
 
 BLOCK_CHARS = 32  # prefixes are matched in whole blocks of this many characters
+CHOOSING_S = 10.0  # a replica chosen for a request counts towards its load until the request is sent, or this long
 PIN_WAIT_S = 3.0  # how long a request pinned to a replica the router has not heard of waits for it
 
 
@@ -81,27 +83,32 @@ def block_keys(text: str, block: int = BLOCK_CHARS) -> list[int]:
 
 
 class PrefixTable:
-    """Which replica last served each prompt prefix (at block granularity), least recently used evicted."""
+    """Which replica last served each prompt prefix (at block granularity), and which prefixes were
+    whole prompts (their last whole block); least recently used evicted."""
 
     def __init__(self, capacity: int = 200_000) -> None:
-        self.capacity, self.owners = capacity, OrderedDict()
+        self.capacity, self.owners = capacity, OrderedDict()  # key -> (replica, a whole prompt ended here)
 
     def record(self, text: str, replica: str) -> None:
         """`replica` served `text`: every prefix of it is now that replica's."""
-        for key in block_keys(text):
-            self.owners[key] = replica
+        keys = block_keys(text)
+        for n, key in enumerate(keys, 1):
+            ended = self.owners.get(key, (None, False))[1] or n == len(keys)
+            self.owners[key] = (replica, ended)
             self.owners.move_to_end(key)
         while len(self.owners) > self.capacity:
             self.owners.popitem(last=False)
 
     def match(self, text: str, alive) -> tuple[str | None, int]:
-        """(the live replica holding the longest prefix of `text`, that prefix's length in characters)."""
+        """(the live replica holding the longest prefix of `text` that was a whole earlier prompt, that
+        prefix's length in characters), or (None, 0). A continuation of a session extends its previous
+        prompt; a shared head alone (a common system prompt) does not count, so new sessions spread."""
         best, chars = None, 0
         for n, key in enumerate(block_keys(text), 1):
-            owner = self.owners.get(key)
+            owner, ended = self.owners.get(key, (None, False))
             if owner is None:
                 break
-            if owner in alive:
+            if ended and owner in alive:
                 best, chars = owner, n * BLOCK_CHARS
         return best, chars
 
@@ -132,30 +139,51 @@ def pinned(router, pending_request) -> list | None:
 
 
 class AffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
-    """The longest-prefix replica first (if not full), then power of two choices. No FIFO mixin: the
-    replica found for a request goes to that request, not to the oldest one waiting."""
+    """The replica holding the longest earlier prompt this one extends first (if not full), then every
+    replica by fewest requests in flight. No FIFO mixin: the replica found for a request goes to that
+    request, not to the oldest one waiting."""
 
-    def initialize_state(self, min_share: float = 0.5, capacity: int = 200_000) -> None:
-        self.min_share, self.table = min_share, PrefixTable(capacity)
+    def initialize_state(self, capacity: int = 200_000) -> None:
+        self.table = PrefixTable(capacity)
+        self.in_flight: Counter = Counter()  # replica -> requests sent and not completed
+        self.choosing: dict = {}  # id(pending request) -> (its first-ranked replica, when): chosen, not yet sent
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
         ranks = pinned(self, pending_request)
         if ranks is not None:
             return ranks
-        spread = await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
-        request = forwarded(pending_request)
-        if request is None or not request.text:
-            return spread
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
-        owner, chars = self.table.match(request.text, by_id)
-        if owner is None or chars < self.min_share * len(request.text):
-            return spread
-        return [[by_id[owner]], *spread]  # a full owner is skipped for the next rank
+        request = forwarded(pending_request)
+        owner = self.table.match(request.text, by_id)[0] if request is not None and request.text else None
+        order = sorted(by_id, key=self._load_order())
+        if owner is not None:
+            order = [owner, *(r for r in order if r != owner)]
+        if pending_request is not None and order:
+            self.choosing[id(pending_request)] = (order[0], time.monotonic())
+        return [[by_id[r]] for r in order]  # a full replica is skipped for the next rank
+
+    def _load_order(self):
+        """Sort key: requests in flight plus those just chosen for the replica (routing tasks choose
+        concurrently, before any is sent), ties at random."""
+        now, load = time.monotonic(), Counter(self.in_flight)
+        for key, (replica, at) in list(self.choosing.items()):
+            if now - at > CHOOSING_S:  # cancelled before it was sent
+                del self.choosing[key]
+            else:
+                load[replica] += 1
+        return lambda replica: (load[replica], random.random())
 
     def on_request_routed(self, pending_request, replica_id, result) -> None:
+        replica = replica_id.to_full_id_str()
+        self.choosing.pop(id(pending_request), None)
+        self.in_flight[replica] += 1
         request = forwarded(pending_request)
         if request is not None and request.text:
-            self.table.record(request.text, replica_id.to_full_id_str())
+            self.table.record(request.text, replica)
+
+    def on_request_completed(self, replica_id, internal_request_id) -> None:
+        replica = replica_id.to_full_id_str()
+        self.in_flight[replica] = max(0, self.in_flight[replica] - 1)
 
 
 class RayPrefixRouter(PrefixCacheAffinityRouter):
