@@ -129,7 +129,9 @@ def test_rows_that_depend_on_their_neighbours_decode_one_at_a_time(monkeypatch):
     its rows apart (not batched) and its identity says why."""
     from exactspec.models import llama_cpp_numerics
 
-    monkeypatch.setattr(llama_cpp_numerics, "batch_verdict", lambda lm, key: 0.25)
+    real = llama_cpp_numerics.cached_check
+    monkeypatch.setattr(llama_cpp_numerics, "cached_check",
+                        lambda key, name, check: 0.25 if name == "rows" else real(key, name, check))
     lm = llama_cpp_numerics.load_self_tested(embedded_model_path(), n_ctx=256, threads=2, rows=2)
     assert lm.max_rows == 2 and not lm.batched
     assert "one at a time" in lm.identity and "0.25" in lm.identity

@@ -209,9 +209,10 @@ class LlamaCppLM:
         self.max_length = min(want, int(llama_cpp.llama_n_ctx_seq(self.ctx)))
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
-        # Only prompt KV goes to the prefix cache: KV written by one-token decode steps differs in its last
-        # bits from a prefill of the same tokens at long contexts (seen at ~500 tokens, where it flipped a
-        # greedy choice of the next agent step); prefills split anywhere are bit-equal (checked at 665).
+        # Only prompt KV goes to the prefix cache unless the load-time self-test shows one-token steps write
+        # the cells a prefill writes (llama_cpp_numerics.steps_write_prefill_kv): with an f16 cache they
+        # differ in their last bits at long contexts (seen at ~500 tokens, where it flipped a greedy choice
+        # of the next agent step); with a q8_0-K cache they were equal here, byte for byte.
         self.cache_generated_kv = False
         self._lengths = [0]  # [B] cached positions of each live row
         self.reset()

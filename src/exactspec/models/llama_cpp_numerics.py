@@ -176,18 +176,36 @@ def rows_vs_alone(lm) -> float:
     return diff
 
 
-def batch_verdict(lm, key: str) -> float:
-    """`rows_vs_alone` for `lm`, cached under `key` (the numerics verdict's key and the row count)."""
-    path = cache_dir("llamacpp-numerics") / f"{key}-rows.json"
+def steps_write_prefill_kv(lm) -> bool:
+    """Whether the KV cells that one-token steps write equal, byte for byte, those a prefill of the same
+    tokens writes (after a CONTEXT-token prefill, LONG more tokens): then the prefix cache may keep a
+    generation's KV, not only its prompt's (`cache_generated_kv`). The adapter is reset."""
+    context = max(1, min(CONTEXT, lm.max_length - LONG - 1))
+    ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(2)).tolist()
+    lm.reset()
+    lm.prefill(torch.tensor([ids]))
+    prefilled = bytes(lm.snapshot_prefix(len(ids))[0][0])
+    lm.reset()
+    lm.prefill(torch.tensor([ids[:context]]))
+    for t in ids[context:]:
+        lm.forward(torch.tensor([[t]]))
+    stepped = bytes(lm.snapshot_prefix(len(ids))[0][0])
+    lm.reset()
+    return prefilled == stepped
+
+
+def cached_check(key: str, name: str, check):
+    """`check()` (a JSON value), cached under the numerics verdict's `key` and the check's `name`."""
+    path = cache_dir("llamacpp-numerics") / f"{key}-{name}.json"
     if path.exists():
         try:
-            return float(json.loads(path.read_text())["max_diff"])
+            return json.loads(path.read_text())["value"]
         except (ValueError, TypeError, KeyError):
-            pass
-    with progress.timed("llama.cpp batched-rows self-test"):
-        diff = rows_vs_alone(lm)
-    write_atomic(path, json.dumps({"max_diff": diff}))
-    return diff
+            pass  # measured again
+    with progress.timed(f"llama.cpp {name} self-test"):
+        value = check()
+    write_atomic(path, json.dumps({"value": value}))
+    return value
 
 
 def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = None, repack: bool | None = None,
@@ -195,7 +213,8 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     """A `LlamaCppLM` over `path` under the setting this self-test chose for the machine and file (its
     `identity` says which, and what greedy identity rests on; its `cost_key` keys auto γ's cached T(k),
     drafting.target_costs). `llama_kwargs` go to the adapter; a cache type or n_ubatch among them
-    overrides the candidates' (only their threads then differ). `rows` > 1: a context for that many
+    overrides the candidates' (only their threads then differ). Its prefix cache keeps generated KV
+    where one-token steps write the cells a prefill writes (`steps_write_prefill_kv`). `rows` > 1: a context for that many
     batched rows, kept batched only if a row scored beside others equals it scored alone, bit for bit
     (`rows_vs_alone`); otherwise its rows decode one at a time, and `identity` says so."""
     from .llama_cpp import _import, check_gguf_file, default_threads, load_llama_cpp, resolve_repack
@@ -217,8 +236,9 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     verdict = choose(make, n, verdict_key)
     lm = make(verdict.setting, rows)
     lm.identity = verdict.describe(lm.threads)
+    lm.cache_generated_kv = verdict.exact and cached_check(verdict_key, "kv", lambda: steps_write_prefill_kv(lm))
     if rows > 1:
-        diff = batch_verdict(lm, f"{verdict_key}-{rows}")
+        diff = cached_check(f"{verdict_key}-{rows}", "rows", lambda: rows_vs_alone(lm))
         if diff != 0.0:
             lm.batched = False
             lm.identity += f"; rows decode one at a time (a row scored beside others differs by {diff:.3g} here)"
