@@ -37,7 +37,8 @@ def add_bench_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                        help=f"store of earlier outputs for the suffix drafter (default {STORE_MB:g})")
     bench.add_argument("--temperatures", default="0,1", help="comma list (default 0,1)")
     bench.add_argument("--drafters", default="prompt-lookup,bigram", help="comma list of drafters")
-    bench.add_argument("--gammas", default="2,4,6", help="comma list of fixed gammas (auto is added unless --no-auto)")
+    bench.add_argument("--gammas", default="2,4,6", help="comma list of fixed gammas (auto is added unless --no-auto; "
+                       "with --batch: the first, or auto)")
     bench.add_argument("--no-auto", action="store_true", help="skip --gamma auto rows")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate anchors")
     bench.add_argument("--prompts", type=int, default=3, help="prompts per workload (default 3)")
@@ -132,7 +133,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     special = [w for w in workloads if w in SPECIAL]
     workloads = [w for w in workloads if w not in SPECIAL]
     drafters = [d for d in args.drafters.split(",") if d]
-    gammas = [int(g) for g in _floats(args.gammas)]
+    gammas = ["auto"] if args.batch and args.gammas == "auto" else [int(g) for g in _floats(args.gammas)]
     temperatures, prompts, reps, max_new = _floats(args.temperatures), args.prompts, args.reps, args.max_new_tokens
     default_max_new = 96
     if args.quick:
