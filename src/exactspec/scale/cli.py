@@ -19,9 +19,10 @@ def add_ray_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-ongoing-requests", type=float, default=None, metavar="R",
                    help="autoscale: requests per replica (queued or running) that Serve aims for")
     g.add_argument("--routing", choices=("affinity", "ray-prefix", "load"), default="affinity",
-                   help="which replica serves a request: 'affinity' (default) the one holding the longest prefix "
-                        "of its prompt (an agent session's earlier steps) unless its queue is full, else the "
-                        "less loaded of two; 'ray-prefix' Ray's PrefixCacheAffinityRouter; 'load' queue length only")
+                   help="which replica serves a request: 'affinity' (default) the one that served the earlier "
+                        "prompt this one extends (an agent session's previous step) unless its queue is full, "
+                        "else the one with the fewest requests in flight; 'ray-prefix' Ray's "
+                        "PrefixCacheAffinityRouter; 'load' Ray's default, queue length only")
 
 
 def _add_ray_args(g, unit: str) -> None:
