@@ -109,6 +109,10 @@ class ExactSpecReplica:
         async for item in call_asgi(self.app, request):
             yield item
 
+    async def __del__(self) -> None:
+        """Serve's graceful shutdown of the replica: the app's shutdown, as uvicorn's (worker, preparer)."""
+        await self.lifespan.__aexit__(None, None, None)
+
     def check_health(self) -> None:
         """Serve restarts a replica whose model thread died."""
         if self.worker._thread.ident is not None and not self.worker.alive:
