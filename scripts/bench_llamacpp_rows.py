@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Batched rows on llama.cpp against the one-row path: n samples of one prompt (T = 0.7) and B different
+chat prompts (T = 0), decoded as rows of one batch vs one after another on the same engine; plain
+(gamma 0) and the default (prompt lookup, gamma auto); repetitions interleave the methods.
+
+    .venv/bin/python scripts/bench_llamacpp_rows.py --rows 8 --reps 3 --max-new-tokens 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import exactspec
+from exactspec.bench.workloads import load_workload
+from exactspec.device import cpu_name
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    engine = exactspec.load(rows=args.rows, threads=args.threads)
+    print(f"{cpu_name()}; backend {engine.backend}; rows {engine.target.max_rows} "
+          f"(batched: {engine.target.batched}); {engine.runtime()['greedy_identity']}")
+    chats = load_workload("chat")
+    cases = {"n samples, T=0.7": ([chats[0]], args.rows, 0.7),
+             f"{args.rows} chat prompts, T=0": ([chats[i % len(chats)] for i in range(args.rows)], 1, 0.0)}
+    for name, (prompts, n, temperature) in cases.items():
+        kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=temperature, seed=0)
+        methods = {}
+        for gamma in (0, "auto"):
+            methods[f"batched γ={gamma}"] = lambda g=gamma: engine.generate_batch(prompts, n=n, gamma=g, **kwargs)[0]
+            methods[f"one after another γ={gamma}"] = lambda g=gamma: [
+                engine.generate(q, gamma=g, **{**kwargs, "seed": j}) for q in prompts for j in range(n)]
+        tps = {m: [] for m in methods}
+        for rep in range(args.reps):
+            order = list(methods)[rep % len(methods):] + list(methods)[:rep % len(methods)]
+            for m in order:
+                t = time.perf_counter()
+                results = methods[m]()
+                tps[m].append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - t))
+        base = statistics.median(tps["one after another γ=0"])
+        print(f"\n{name}: tokens/s (median of {args.reps}), vs one after another plain")
+        for m, values in tps.items():
+            print(f"  {m:28s} {statistics.median(values):7.1f}   {statistics.median(values) / base:.2f}×")
+
+
+if __name__ == "__main__":
+    main()
