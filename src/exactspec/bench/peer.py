@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..errors import ExactSpecError
-from .agent import TOOL_PREFIX, load_agent_workload
 from .workloads import load_workload
 
 WORKLOADS = ("agent", "edit", "chat", "concurrent")
@@ -134,6 +133,8 @@ def run_workload(url: str, workload: str, extra: dict, concurrency: int) -> tupl
     """One round of a workload against one server row -> (seconds, completion tokens, texts)."""
     start_s, texts, tokens = time.perf_counter(), [], 0
     if workload == "agent":
+        from .agent import TOOL_PREFIX, load_agent_workload  # imports torch: not at the CLI's start
+
         work = load_agent_workload()
         for transcript in work["transcripts"]:
             messages = [{"role": "system", "content": work["system"]}, {"role": "user", "content": transcript["task"]},
