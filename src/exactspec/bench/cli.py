@@ -61,7 +61,7 @@ def add_bench_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     bench.add_argument("--peer-args", default="", metavar="ARGS", help="extra llama-server arguments for every row")
     bench.add_argument("--peer-spec", default=";".join(peer_spec_default()), metavar="FLAGS;...",
                        help="llama-server speculation rows, one per ';'-separated flag set (default: %(default)s; "
-                            "'' = none)")
+                            "'' = none; write --peer-spec='--spec-default' with '=')")
     bench.add_argument("--threads", type=int, default=None)
     add_backend_arg(bench)
     add_verbose_arg(bench)
