@@ -151,13 +151,20 @@ def always_accept(draft_ids, draft_probs, target_probs, generator=None):
     return draft_ids + [int(target_probs[len(draft_ids)].argmax())]
 
 
-def sample_counts(target, make_drafter, params, gamma, samples: int, verifier=None) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(1234)
+def sample_counts(target, make_drafter, params, gamma, samples: int, verifier=None, rows: int = 500) -> torch.Tensor:
+    """Counts of `samples` continuations drawn as the rows of batches of `rows` (one target forward per
+    iteration serves them all); sample i has its own drafter and generator (seeded 1234 + i)."""
     counts = torch.zeros(VOCAB**LENGTH)
     extra = {} if verifier is None else {"verifier": verifier}
-    for _ in range(samples):
-        out = list(decode(target, make_drafter(), PROMPT, params, gamma, LENGTH, gen, **extra))
-        counts[sum(t * VOCAB ** (LENGTH - 1 - i) for i, t in enumerate(out))] += 1
+    for start in range(0, samples, rows):
+        n = min(rows, samples - start)
+        gens = [torch.Generator().manual_seed(1234 + start + r) for r in range(n)]
+        out = [[] for _ in range(n)]
+        for r, tokens in decode_batch(target, [make_drafter() for _ in range(n)], [PROMPT] * n, params, gamma, LENGTH,
+                                      gens, **extra):
+            out[r] += tokens
+        for seq in out:
+            counts[sum(t * VOCAB ** (LENGTH - 1 - i) for i, t in enumerate(seq))] += 1
     return counts
 
 
@@ -165,13 +172,17 @@ def check_chi_square_exactness(device: str, samples: int = 1500) -> None:
     """Speculative samples (model drafts, warped) follow the exact target law; the same test rejects
     a planted always-accept verifier (negative control)."""
     target_module, draft_module = tiny_llama(0, device), tiny_llama(1, device, sharpness=4.0, layers=1)
-    target, draft = FastLlamaLM(target_module, set()), HFCausalLM(draft_module, set())
+    target = FastLlamaLM(target_module, set(), capacity=16)
+
+    def own_draft() -> ModelDrafter:  # each row's drafter keeps its own draft cache
+        return ModelDrafter(HFCausalLM(draft_module, set()))
+
     params = SamplingParams(temperature=0.9, top_k=6)
     law = exact_law(target_module, params)
-    counts = sample_counts(target, lambda: ModelDrafter(draft), params, 2, samples)
+    counts = sample_counts(target, own_draft, params, 2, samples)
     p = chi_square_p(counts, law)
     assert p > 1e-3, f"chi-square p={p:.2e}"
-    bad = sample_counts(target, lambda: ModelDrafter(draft), params, 2, samples, verifier=always_accept)
+    bad = sample_counts(target, own_draft, params, 2, samples, verifier=always_accept)
     assert chi_square_p(bad, law) < 1e-6, "the negative control was not rejected"
 
 

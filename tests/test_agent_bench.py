@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from exactspec.bench import agent
 from exactspec.bench.agent import build_agent_methods, load_agent_workload, replay, run_agent_bench
 from exactspec.errors import ExactSpecError
-from exactspec.speculative.sampling import SamplingParams
 from exactspec.server.cli import add_serve_subcommand, cmd_serve
 
 
@@ -16,14 +16,21 @@ def test_workload_is_shipped_data():
     assert all(len(t["steps"]) >= 3 and t["task"] for t in workload["transcripts"])
 
 
-def test_agent_rows(embedded):
+def test_agent_rows(embedded, monkeypatch):
+    """The bench's rows, and the texts its replays produced (recorded on the way, not replayed again)."""
     methods = build_agent_methods(embedded, ["prompt-lookup"], [4], 64, hf=False)
     assert [m.method for m in methods] == ["exactspec-plain-nocache", "exactspec-plain", "exactspec-spec"]
-    workload = load_agent_workload()
-    texts = [[s.text for s in replay(m, workload, workload["transcripts"][0], SamplingParams(temperature=0), 8, 0,
-                                     steps=2)] for m in methods]
-    assert texts[0] == texts[1] == texts[2]  # greedy identity, with and without cache and speculation
+    texts = {m.method: [] for m in methods}
+
+    def recording(method, *args, **kwargs):
+        steps = replay(method, *args, **kwargs)
+        texts[method.method] += [s.text for s in steps]
+        return steps
+
+    monkeypatch.setattr(agent, "replay", recording)
     rows = run_agent_bench(embedded, methods, 0.0, transcripts=1, steps=2, max_new_tokens=8)
+    first, *others = texts.values()
+    assert len(first) == 2 and all(t == first for t in others)  # greedy identity, with and without cache and speculation
     assert embedded.prefix_cache is None  # the bench leaves the engine as it found it
     by = {r["method"]: r for r in rows}
     for r in rows:

@@ -6,7 +6,6 @@ import pytest
 
 from exactspec.speculative.loop import decode
 from exactspec.drafters.auto import AutoDrafter, DraftBandit
-from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
@@ -16,7 +15,7 @@ from exactspec.speculative.costmodel import AutoGamma, CostModel
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB, tiny_llama
-from .test_exactness import CONTROL_SAMPLES, always_accept, chi_square_p, exact_law, sample_counts
+from .test_exactness import CONTROL_SAMPLES, always_accept, batched, batched_counts, chi_square_p, exact_law, own_draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,9 +23,11 @@ FLAT = [1e-3] * 9  # T(k) flat in k: speculation pays whenever anything is accep
 
 
 def auto(bandit, tiny_draft=None):
+    """An AutoDrafter over prompt lookup, bigram and (given `tiny_draft`) a model drafter with its own
+    one-row adapter of it, so that many can draft as the rows of one batch."""
     arms = {"prompt-lookup": PromptLookupDrafter(), "bigram": NGramDrafter(TINY_VOCAB)}
     if tiny_draft is not None:
-        arms["model"] = ModelDrafter(tiny_draft)
+        arms["model"] = own_draft(tiny_draft)()
     return AutoDrafter(bandit, arms)
 
 
@@ -45,7 +46,7 @@ def test_greedy_output_equals_plain(tiny_target):
 def test_samples_follow_target_law(tiny_target, tiny_draft, params):
     bandit = DraftBandit(FLAT)
     law = exact_law(tiny_target, params)
-    counts = sample_counts(tiny_target, lambda: auto(bandit, tiny_draft), params, 2)
+    counts = batched_counts(batched(tiny_target), lambda: auto(bandit, tiny_draft), params, 2)
     assert chi_square_p(counts, law) > 1e-3
     assert len([a for a in bandit.arms.values() if a.chosen]) >= 2  # several arms did propose
 
@@ -53,9 +54,9 @@ def test_samples_follow_target_law(tiny_target, tiny_draft, params):
 def test_negative_control_is_detected(tiny_target, tiny_draft):
     params = SamplingParams(temperature=1.0)
     law = exact_law(tiny_target, params)
-    # CONTROL_SAMPLES (test_exactness: why it suffices): p < 1e-300 here at seeds 1234, 1 and 2
-    counts = sample_counts(tiny_target, lambda: auto(DraftBandit(FLAT), tiny_draft), params, 2,
-                           verifier=always_accept, samples=CONTROL_SAMPLES)
+    # CONTROL_SAMPLES (test_exactness: why it suffices): p < 1e-300 here (batched rows seeded from 1234)
+    counts = batched_counts(batched(tiny_target), lambda: auto(DraftBandit(FLAT), tiny_draft), params, 2,
+                            verifier=always_accept, samples=CONTROL_SAMPLES)
     assert chi_square_p(counts, law) < 1e-6
 
 

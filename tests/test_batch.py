@@ -16,7 +16,7 @@ from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from .conftest import TINY_VOCAB, tiny_llama
-from .test_exactness import LENGTH, PROMPT, always_accept, chi_square_p, exact_law
+from .test_exactness import always_accept, batched_counts, chi_square_p, exact_law
 from .test_loop import Scripted
 
 GREEDY = SamplingParams(temperature=0)
@@ -97,33 +97,19 @@ def test_batch_stats_count_one_target_call_per_iteration(fast_tiny):
     assert total.proposed == sum(s.proposed for s in rows)
 
 
-def sample_batched_counts(target, params, verifier, batches=750, rows=4):
-    counts = torch.zeros(TINY_VOCAB**LENGTH)
-    for b in range(batches):
-        gens = [torch.Generator().manual_seed(b * rows + r) for r in range(rows)]
-        drafters = [NGramDrafter(TINY_VOCAB) for _ in range(rows)]
-        out = {r: [] for r in range(rows)}
-        for r, tokens in decode_batch(target, drafters, [PROMPT] * rows, params, 2, LENGTH, gens, verifier=verifier):
-            out[r] += tokens
-        for seq in out.values():
-            counts[sum(t * TINY_VOCAB ** (LENGTH - 1 - i) for i, t in enumerate(seq))] += 1
-    return counts
-
-
 @pytest.mark.usefixtures("one_thread")
 def test_batched_rows_follow_target_law(fast_tiny):
-    from exactspec.speculative.verify import verify
-
     params = SamplingParams(temperature=1.0)
     law = exact_law(fast_tiny, params)
-    assert chi_square_p(sample_batched_counts(fast_tiny, params, verify), law) > 1e-3
+    assert chi_square_p(batched_counts(fast_tiny, lambda: NGramDrafter(TINY_VOCAB), params, 2, seed=0), law) > 1e-3
 
 
 @pytest.mark.usefixtures("one_thread")
 def test_batched_negative_control(fast_tiny):
     params = SamplingParams(temperature=1.0)
     law = exact_law(fast_tiny, params)
-    assert chi_square_p(sample_batched_counts(fast_tiny, params, always_accept), law) < 1e-6
+    counts = batched_counts(fast_tiny, lambda: NGramDrafter(TINY_VOCAB), params, 2, verifier=always_accept, seed=0)
+    assert chi_square_p(counts, law) < 1e-6
 
 
 def test_engine_generate_batch_equals_one_by_one(embedded):

@@ -20,7 +20,7 @@ from exactspec.errors import ExactSpecError
 from exactspec.speculative.sampling import SamplingParams, warp
 
 from .conftest import TINY_VOCAB
-from .test_exactness import chi_square_p
+from .test_exactness import batched, batched_counts, chi_square_p, own_draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,11 +32,9 @@ REGEX = "[abde]c[abef]+"  # excludes c and the specials at position 0, forces c 
 
 
 @pytest.fixture(scope="module")
-def fast(tiny_target, tiny_draft):
-    """The tiny target and draft through the lean forward (the Monte-Carlo tests' many short decodes)."""
-    from exactspec.models.fast_llama import FastLlamaLM
-
-    return FastLlamaLM(tiny_target.module, set()), FastLlamaLM(tiny_draft.module, set())
+def fast(tiny_target):
+    """The tiny target through the lean forward, whose cache holds the Monte-Carlo tests' many rows."""
+    return batched(tiny_target)
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +73,14 @@ def masked_law(target, llg_tok, params: SamplingParams) -> torch.Tensor:
 
 
 def counts_of(target, llg_tok, make_drafter, params, gamma, law_class=TargetLaw) -> torch.Tensor | None:
-    """Counts of every continuation over SAMPLES runs; None if a run emitted a token the grammar forbids
-    (the matcher refuses to commit it)."""
-    gen = torch.Generator().manual_seed(99)
-    counts = torch.zeros(TINY_VOCAB**LENGTH)
-    for _ in range(SAMPLES):
-        law = law_class(params, PROMPT, TINY_VOCAB, matcher(llg_tok))
-        try:
-            out = list(decode(target, make_drafter(), PROMPT, params, gamma, LENGTH, gen, law=law))
-        except ExactSpecError:
-            return None
-        counts[sum(t * TINY_VOCAB ** (LENGTH - 1 - i) for i, t in enumerate(out))] += 1
-    return counts
+    """Counts of every continuation over SAMPLES runs, drawn as the rows of batches, each row with its own
+    matcher (test_exactness.batched_counts); None if a run emitted a token the grammar forbids (the matcher
+    refuses to commit it)."""
+    try:
+        return batched_counts(target, make_drafter, params, gamma, samples=SAMPLES, seed=99,
+                              make_law=lambda: law_class(params, PROMPT, TINY_VOCAB, matcher(llg_tok)))
+    except ExactSpecError:
+        return None
 
 
 def follows(counts: torch.Tensor | None, law: torch.Tensor) -> bool:
@@ -127,24 +121,24 @@ TOP_P = SamplingParams(temperature=1.0, top_p=0.9)
 
 
 @pytest.mark.parametrize("drafter,gamma", [("model", 2), ("prompt-lookup", 2), ("forced", 2)])
-def test_constrained_samples_follow_masked_law(tiny_target, fast, llg_tok, drafter, gamma):
-    make = {"model": lambda: ModelDrafter(fast[1]), "prompt-lookup": PromptLookupDrafter,
+def test_constrained_samples_follow_masked_law(tiny_target, tiny_draft, fast, llg_tok, drafter, gamma):
+    make = {"model": own_draft(tiny_draft), "prompt-lookup": PromptLookupDrafter,
             "forced": lambda: None}[drafter]
     law = masked_law(tiny_target, llg_tok, TOP_P)
-    counts = counts_of(fast[0], llg_tok, make, TOP_P, gamma)
+    counts = counts_of(fast, llg_tok, make, TOP_P, gamma)
     assert follows(counts, law), f"chi-square p={chi_square_p(counts, law):.2e}"
 
 
-def test_negative_control_unsampled_draft_law_is_detected(tiny_target, fast, llg_tok):
+def test_negative_control_unsampled_draft_law_is_detected(tiny_target, tiny_draft, fast, llg_tok):
     law = masked_law(tiny_target, llg_tok, TOP_P)
-    counts = counts_of(fast[0], llg_tok, lambda: ModelDrafter(fast[1]), TOP_P, 2, DraftLawUnmaskedReported)
+    counts = counts_of(fast, llg_tok, own_draft(tiny_draft), TOP_P, 2, DraftLawUnmaskedReported)
     assert counts is not None
     assert chi_square_p(counts, law) < 1e-6
 
 
-def test_negative_control_mask_without_drafts_is_detected(tiny_target, fast, llg_tok):
+def test_negative_control_mask_without_drafts_is_detected(tiny_target, tiny_draft, fast, llg_tok):
     law = masked_law(tiny_target, llg_tok, TOP_P)
-    counts = counts_of(fast[0], llg_tok, lambda: ModelDrafter(fast[1]), TOP_P, 2, MaskFromAcceptedPrefixOnly)
+    counts = counts_of(fast, llg_tok, own_draft(tiny_draft), TOP_P, 2, MaskFromAcceptedPrefixOnly)
     assert not follows(counts, law)
 
 

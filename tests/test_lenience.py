@@ -12,10 +12,11 @@ from scipy.stats import chisquare
 from exactspec.speculative.loop import decode
 from exactspec.drafters.model import ModelDrafter
 from exactspec.speculative.sampling import SamplingParams, warp
-from exactspec.stats import Stats
+from exactspec.stats import Stats, total
 from exactspec.speculative.verify import accept_greedy, accept_greedy_lenient, verify, verify_reference, verify_with_uniforms
 
 from .conftest import TINY_VOCAB
+from .test_exactness import batched, batched_samples, own_draft
 from .test_cli import assert_one_line_error, exactspec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,13 +71,12 @@ def test_cli_refuses_bad_lenience_and_labels_it_lossy():
 
 
 def first_tokens(target, draft, params, samples: int = 1500) -> tuple[torch.Tensor, Stats]:
-    """Counts of the first generated token with γ = 1 (an accepted draft or the residual's sample)."""
-    gen, stats = torch.Generator().manual_seed(11), Stats()
-    counts = torch.zeros(TINY_VOCAB)
-    for _ in range(samples):
-        out = list(decode(target, ModelDrafter(draft), PROMPT, params, 1, 2, gen, stats, stop_on_eos=False))
-        counts[out[0]] += 1
-    return counts, stats
+    """Counts of the first generated token with γ = 1 (an accepted draft or the residual's sample), drawn
+    as the rows of one batch (test_exactness.batched_samples), and the rows' stats summed."""
+    stats = []
+    seqs = batched_samples(batched(target), own_draft(draft), params, 1, samples, length=2, rows=samples, seed=11,
+                           stop_on_eos=False, row_stats=stats)
+    return torch.bincount(torch.tensor([seq[0] for seq in seqs]), minlength=TINY_VOCAB).float(), total(stats)
 
 
 def next_laws(model, params) -> torch.Tensor:
