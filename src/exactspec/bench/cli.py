@@ -56,7 +56,7 @@ def add_bench_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                        "by side, llama-server's own speculation as extra rows, and whether each row's texts equal "
                        "its own plain row's")
     bench.add_argument("--peer-workloads", default="agent,edit,chat",
-                       help="comma list of agent, edit, chat, concurrent (the chat prompts 8 at a time; give "
+                       help="comma list of agent, edit, chat, concurrent (the chat prompts, up to 8 at a time; give "
                             "llama-server slots with --peer-args '--parallel 8') (default agent,edit,chat)")
     bench.add_argument("--peer-args", default="", metavar="ARGS", help="extra llama-server arguments for every row")
     bench.add_argument("--peer-spec", default=";".join(peer_spec_default()), metavar="FLAGS;...",
