@@ -394,8 +394,6 @@ def _tune_table(args: argparse.Namespace) -> int:
     from .table import measure_table, to_markdown
     from .workloads import WORKLOADS
 
-    if args.peer:
-        return _bench_peer(args)
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
         if w not in WORKLOADS:
