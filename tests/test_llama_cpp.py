@@ -19,12 +19,15 @@ from exactspec.drafters.suffix import PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
 from exactspec.models.llama_cpp import LlamaCppLM, load_llama_cpp  # noqa: E402
+from exactspec.speculative.costmodel import AutoGamma  # noqa: E402
+from exactspec.speculative.loop import decode  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams, warp  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 
 from .conftest import TINY_VOCAB, tiny_llama  # noqa: E402
 from .test_exactness import CONTROL_SAMPLES, LENGTH, PROMPT, always_accept, chi_square_p, sample_counts  # noqa: E402
 from .test_greedy import REAL_PROMPTS  # noqa: E402
+from .test_longruns import q41_cost  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 N_NEW = 40
@@ -338,10 +341,18 @@ def test_greedy_identity_long_proposals(engine):
     ubatches) and auto decode llama.cpp's own greedy tokens, with long accepted runs."""
     ids = engine.encode(load_workload("edit")[1])
     ref = reference(engine, ids, 80)
-    for gamma in (16, 32, "auto"):
+    # auto on this machine's own T(k) (identity), and on llama.cpp Q4_1's T(k) frozen (long runs: the
+    # γ it picks must not depend on how busy the machine is while the test measures)
+    for gamma in (16, 32, "auto", "auto on Q4_1's T(k)"):
         stats = Stats()
-        assert ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats) == ref, f"gamma={gamma}"
-        assert max(i for i, n in enumerate(stats.run_lengths) if n) >= 8, stats.run_lengths
+        if gamma == "auto on Q4_1's T(k)":
+            out = list(decode(engine.target, PromptLookupDrafter(), ids, GREEDY, AutoGamma(q41_cost()), len(ref),
+                              None, stats))
+        else:
+            out = ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats)
+        assert out == ref, f"gamma={gamma}"
+        if gamma != "auto":
+            assert max(i for i, n in enumerate(stats.run_lengths) if n) >= 8, (gamma, stats.run_lengths)
 
 
 def test_one_token_steps_equal_blocks_past_the_thread_split(engine):

@@ -154,12 +154,19 @@ def test_agent_sessions_stay_on_the_replica_holding_their_prefix(served):
     """4 sessions x 3 steps, interleaved: each step re-sends the session's whole text (a longer prompt
     starting with the previous one). Every step after the first goes to its session's replica and
     finds most of its prompt cached; the first steps (no history: nothing cached) are the control."""
-    texts = [f"session {s}: the agent reads the file, edits line {s}, runs the tests.".ljust(64, ".")
-             for s in range(4)]  # whole 32-character blocks, and 3 steps within the tiny model's 128 tokens
+    # no two sessions share a head (a first step finds nothing cached whichever ran first); whole 32-character
+    # blocks, and 3 steps within the tiny model's 128 tokens
+    texts = [f"{'wxyz'[s]} session: the agent reads the file, edits line {s}, runs the tests.".ljust(64, ".")
+             for s in range(4)]
     seen: dict[int, list] = {s: [] for s in range(4)}
+    together = threading.Barrier(4)  # a round's 4 requests are in flight together (a busy machine may
+    # otherwise start one after another finished, and a replica's 2 slots no longer split the sessions 2 + 2)
 
     def step(s: int) -> None:
-        r = complete(served, {"prompt": texts[s], "max_tokens": 8, "temperature": 0})
+        with httpx.Client(timeout=120) as client:
+            together.wait(timeout=60)
+            r = client.post(f"{served}/v1/completions",
+                            json={"model": MODEL, "prompt": texts[s], "max_tokens": 8, "temperature": 0})
         assert r.status_code == 200, r.text
         usage = r.json()["usage"]
         seen[s].append((r.headers[REPLICA_HEADER], usage["prompt_tokens_details"]["cached_tokens"],
