@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Batched rows on llama.cpp against the one-row path: n samples of one prompt (T = 0.7) and B different
-chat prompts (T = 0), decoded as rows of one batch vs one after another on the same engine; plain
+"""Batched rows on llama.cpp against the one-row path: n samples of one prompt (T = 0.7), B different
+chat prompts and B edit prompts (T = 0), decoded as rows of one batch vs one after another on the same engine; plain
 (gamma 0) and the default (prompt lookup, gamma auto); repetitions interleave the methods.
 
     .venv/bin/python scripts/bench_llamacpp_rows.py --rows 8 --reps 3 --max-new-tokens 96
@@ -23,13 +23,18 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cases", default="samples,chat,edit", help="which of: samples (n samples of one chat prompt), "
+                   "chat (--rows chat prompts), edit (--rows edit prompts: copies)")
     args = p.parse_args()
     engine = exactspec.load(rows=args.rows, threads=args.threads)
     print(f"{cpu_name()}; backend {engine.backend}; rows {engine.target.max_rows} "
           f"(batched: {engine.target.batched}); {engine.runtime()['greedy_identity']}")
     chats = load_workload("chat")
-    cases = {"n samples, T=0.7": ([chats[0]], args.rows, 0.7),
-             f"{args.rows} chat prompts, T=0": ([chats[i % len(chats)] for i in range(args.rows)], 1, 0.0)}
+    edits = load_workload("edit")
+    cases = {"samples": ("n samples, T=0.7", [chats[0]], args.rows, 0.7),
+             "chat": (f"{args.rows} chat prompts, T=0", [chats[i % len(chats)] for i in range(args.rows)], 1, 0.0),
+             "edit": (f"{args.rows} edit prompts, T=0", [edits[i % len(edits)] for i in range(args.rows)], 1, 0.0)}
+    cases = {cases[c][0]: cases[c][1:] for c in args.cases.split(",")}
     for name, (prompts, n, temperature) in cases.items():
         kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=temperature, seed=0)
         methods = {}

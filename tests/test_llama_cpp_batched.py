@@ -75,6 +75,25 @@ def test_rows_are_sequences_with_their_own_lengths(lm):
         torch.testing.assert_close(step[b], alone(lm, p + feed[b][:keep[b]], [3 + b]), atol=1e-3, rtol=0)
 
 
+def test_ragged_rows_score_their_own_tokens_only(lm):
+    """Rows of 20, 1 and 5 new tokens in one forward (columns of 16 // 3 = 5: 4 llama_decode calls, the
+    later ones without the short rows): each row's logits as alone, zero past its own tokens, and each
+    row's length advanced by its own count (a step after a rollback lands where it would alone)."""
+    prompts = [list(range(5, 60)), list(range(100, 130)), list(range(7, 90))]
+    lm.reset(0)
+    for p in prompts:
+        lm.append_rows(p + [1])
+    feed = [list(range(11, 31)), [3], [40, 41, 42, 43, 44]]
+    out = lm.forward_ragged(feed)  # [3, 20, V]
+    assert out.shape == (3, 20, lm.vocab_size) and not out[1, 1:].any() and not out[2, 5:].any()
+    lm.truncate_rows([len(p) + k for p, k in zip(prompts, (20, 1, 2))])
+    step = lm.forward_ragged([[7], [8, 9], [10]])
+    for b, p in enumerate(prompts):
+        torch.testing.assert_close(out[b, :len(feed[b])], alone(lm, p, feed[b]), atol=1e-3, rtol=0)
+        kept = p + feed[b][:(20, 1, 2)[b]]
+        torch.testing.assert_close(step[b, :(1, 2, 1)[b]], alone(lm, kept, [[7], [8, 9], [10]][b]), atol=1e-3, rtol=0)
+
+
 def test_select_rows_moves_repeats_and_drops_rows(lm):
     prompts = [list(range(5, 40)), list(range(50, 61)), list(range(70, 100))]
     lm.reset(0)
@@ -131,9 +150,9 @@ def test_rows_that_depend_on_their_neighbours_decode_one_at_a_time(monkeypatch):
 
     real = llama_cpp_numerics.cached_check
     monkeypatch.setattr(llama_cpp_numerics, "cached_check",
-                        lambda key, name, check: 0.25 if name == "rows" else real(key, name, check))
+                        lambda key, name, check: 0.25 if name == "rows-ragged" else real(key, name, check))
     lm = llama_cpp_numerics.load_self_tested(embedded_model_path(), n_ctx=256, threads=2, rows=2)
-    assert lm.max_rows == 2 and not lm.batched
+    assert lm.max_rows == 2 and not lm.batched and not lm.ragged
     assert "one at a time" in lm.identity and "0.25" in lm.identity
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exactspec.bench.workloads import load_workload
-from exactspec.speculative.costmodel import AutoGamma, CostModel, bucket
+from exactspec.speculative.costmodel import AutoGamma, CostModel, bucket, passes, ragged_widths
 from exactspec.speculative.loop import decode
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
@@ -158,6 +158,41 @@ def test_batched_iterations_shrink_gamma_then_stop():
         cost.observe_target(5, cost.seconds(1, 8), batch=8)
         cost.observe_target(1, cost.seconds(1, 8), batch=8)
     assert cost.batch.observations[(8, 5)] == 20 and auto.choose(rows * 8, 8) >= 4
+
+
+def test_unpadded_passes_follow_llama_cpps_split():
+    """A run of adjacent rows with tokens left shares a pass, as many tokens each as its shortest has."""
+    assert passes([1] * 5) == [(5, 1)]
+    assert passes([3, 3, 3]) == [(3, 3)]
+    assert passes([5, 1, 1, 1]) == [(4, 1), (1, 4)]
+    assert passes([5, 1, 5, 5]) == [(4, 1), (1, 4), (2, 4)]
+    assert passes([2, 4, 1]) == [(3, 1), (2, 1), (1, 2)]
+
+
+def test_ragged_batches_give_each_row_its_own_gamma():
+    """On a ragged target (batched llama.cpp: rows scored unpadded) a row inside a long copy speculates
+    while the rows beside it, with nothing to copy, score one token each; on a padded target the same
+    batch decodes plainly (every row would pay the copy's width). Real iterations price batched plain
+    and what speculation adds: where that turns out dear, no row speculates."""
+    padded, ragged = CostModel([0.0086 * r for r in Q41]), CostModel([0.0086 * r for r in Q41], ragged=True)
+    autos = [AutoGamma(padded), AutoGamma(ragged)]
+    for auto in autos:
+        auto.observe_step(1, 0.052, batch=8)  # 8 rows' plain step: 6.5 ms a row (seen here: 7-8)
+        for _ in range(30):  # copies at match length 20 accepted whole
+            auto.observe(16, 16, match=20)
+    assert ragged.batch.plain[8] == 0.052 and ragged.seconds(1, 8) == 0.052
+    lone = [(20, 32)] + [(None, 0)] * 7
+    assert autos[0].choose(lone, 8) == 0
+    widths = ragged_widths(ragged, autos[1].alphas(lone), [1] * 8, 1.05)
+    assert widths[0] >= 8 and widths[1:] == [0] * 7, widths
+    two = ragged_widths(ragged, autos[1].alphas([(20, 32), (5, 32)] + [(None, 0)] * 6), [1] * 8, 1.05)
+    assert two[0] > two[1] and two[2:] == [0] * 6, two  # the likelier copy gets more drafts
+    apart = ragged_widths(ragged, autos[1].alphas([(20, 32), (None, 0), (20, 32)] + [(None, 0)] * 5), [1] * 8, 1.05)
+    assert sum(map(bool, apart)) == 1 or apart[0] == apart[2], apart  # two rows apart: two passes, priced
+    for _ in range(30):  # a row's 4 drafts (a one-row pass: T(4) priced) cost as much as the plain step
+        ragged.observe_target(5, 0.104, batch=8, lengths=[5] + [1] * 7)
+    assert ragged.batch.extra == pytest.approx(0.052 / ragged.target_s[3], rel=0.01)
+    assert ragged_widths(ragged, autos[1].alphas(lone), [1] * 8, 1.05) == [0] * 8
 
 
 @pytest.mark.usefixtures("one_thread")

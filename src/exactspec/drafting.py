@@ -134,7 +134,7 @@ class Drafting:
             draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
                                                                   SamplingParams(temperature=1.0))
             self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations,
-                                           batch=self._batch_costs)
+                                           batch=self._batch_costs, ragged=getattr(self.target, "ragged", False))
         return self._costs[draft]
 
     def acceptance(self, draft: str) -> Acceptance:

@@ -29,8 +29,10 @@ the bench anchors use them. Measured with llama-cpp-python 0.3.36; tests check i
 
 BATCHED ROWS (rows > 1): the context holds `rows` sequences, row b in sequence b, each in its own KV
 stream (kv_unified off; llama.cpp then splits n_ctx evenly, so n_ctx is rows x the per-row context).
-One llama_decode carries every row's tokens (row-major, as many columns as fit n_batch); rows roll back
-with llama_memory_seq_rm(b, length, -1). A row's cells are laid out as they would be alone: its own
+One llama_decode carries every row's tokens (row-major, as many columns as fit n_batch), each row only
+its own (`forward_ragged`: a row with no drafts costs one token, not the widest row's width: the adapter
+is `ragged`, and auto γ prices an iteration by the tokens it holds); rows roll back with
+llama_memory_seq_rm(b, length, -1). A row's cells are laid out as they would be alone: its own
 stream, filled from its first cell (in a unified cache, rows' cells interleave and freed cells are
 reused out of order, which changes the order attention sums a row's keys in). Rows that change sequence
 (`select_rows`: a row leaving, n samples sharing a prefill) are copied with the per-sequence state API,
@@ -188,6 +190,7 @@ class LlamaCppLM:
         want = n_ctx or (min(DEFAULT_N_CTX, train_ctx) if train_ctx > 0 else DEFAULT_N_CTX)
         rows = affordable_rows(path, rows, want) if rows > 1 else 1
         self.max_rows, self.batched = rows, rows > 1
+        self.ragged = self.batched  # forward_ragged: rows of different lengths in one decode, unpadded
         self.n_batch = max(1, min(n_batch, want))
         self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
         self.repack = resolve_repack(path, repack)
@@ -372,37 +375,55 @@ class LlamaCppLM:
     def forward_rows(self, new_ids: torch.Tensor, logits: bool = True) -> torch.Tensor | None:
         """new_ids [B, k]: row b appends k positions at its own length -> logits [B, k, V] (None if not
         `logits`). Every row's tokens go into the same llama_decode calls (as many columns as fit n_batch)."""
-        B, k = new_ids.shape
+        B = new_ids.shape[0]
         if B != self.batch_size:
             raise ValueError(f"got {B} rows for a cache of {self.batch_size}")
         if B == 1:
             return self.forward(new_ids) if logits else self.prefill(new_ids)
-        ids, read = new_ids.tolist(), (np.copy if logits else None)
-        width = max(1, self.n_batch // B)
-        chunks = [self._decode_rows([row[c:c + width] for row in ids], read) for c in range(0, k, width)]
         if not logits:
+            self._decode_columns(new_ids.tolist(), None)
             return None
-        return torch.from_numpy(np.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0])  # [B, k, V]
+        return self.forward_ragged(new_ids.tolist())  # [B, k, V]
 
-    def _decode_rows(self, ids: list[list[int]], read) -> np.ndarray | None:
-        """One llama_decode of m tokens for every row (row b: sequence b, positions from its length),
-        row-major -> read(logits [B*m, V]) reshaped [B, m, V] (None if `read` is None)."""
-        B, m = len(ids), len(ids[0])
-        end = max(self._lengths) + m
+    def forward_ragged(self, ids: list[list[int]]) -> torch.Tensor:
+        """Row b appends ids[b] (its own length, at least one token) -> logits [B, max len, V], zero past
+        each row's own tokens (those positions were not computed: nothing is written past a row's tokens)."""
+        if len(ids) != self.batch_size:
+            raise ValueError(f"got {len(ids)} rows for a cache of {self.batch_size}")
+        width = max(len(row) for row in ids)
+        if self.batch_size == 1:
+            return self.forward(torch.tensor(ids))
+        out = np.zeros((len(ids), width, self.vocab_size), dtype=np.float32)  # [B, width, V]
+        self._decode_columns(ids, out)
+        return torch.from_numpy(out)
+
+    def _decode_columns(self, ids: list[list[int]], out: np.ndarray | None) -> None:
+        """Every row's tokens in llama_decode calls of up to n_batch tokens (columns c..c+n_batch//B of
+        each row), logits into out [B, width, V] (None: none computed)."""
+        columns = max(1, self.n_batch // len(ids))
+        for c in range(0, max(len(row) for row in ids), columns):
+            self._decode_rows([row[c:c + columns] for row in ids], out, c)
+
+    def _decode_rows(self, ids: list[list[int]], out: np.ndarray | None, column: int) -> None:
+        """One llama_decode of each row's tokens ids[b] (row b: sequence b, positions from its length;
+        rows may differ in length, or have none), row-major; their logits go to out[b, column:...]."""
+        end = max(length + len(row) for length, row in zip(self._lengths, ids))
         if end > self.max_length:
             raise ExactSpecError(f"context length {end} exceeds the model's {self.max_length} tokens")
         batch, i = self.batch, 0
         for seq, row in enumerate(ids):
             for j, token in enumerate(row):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, self._lengths[seq] + j, 1
-                batch.seq_id[i][0], batch.logits[i] = seq, int(read is not None)
+                batch.seq_id[i][0], batch.logits[i] = seq, int(out is not None)
                 i += 1
-        self._run(i, [(seq, self._lengths[seq]) for seq in range(B)])
-        self._lengths = [length + m for length in self._lengths]
-        if read is None:
-            return None
-        logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx), shape=(B * m, self.vocab_size))
-        return read(logits).reshape(B, m, self.vocab_size)
+        self._run(i, [(seq, self._lengths[seq]) for seq, row in enumerate(ids) if row])
+        self._lengths = [length + len(row) for length, row in zip(self._lengths, ids)]
+        if out is not None:
+            logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx), shape=(i, self.vocab_size))
+            i = 0
+            for b, row in enumerate(ids):
+                out[b, column:column + len(row)] = logits[i:i + len(row)]
+                i += len(row)
 
     def _run(self, n: int, starts: list[tuple[int, int]]) -> None:
         """llama_decode of the first n tokens of the batch; on failure every sequence is cut back to its

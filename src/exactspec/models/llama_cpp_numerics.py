@@ -149,11 +149,15 @@ def key(identity: str, settings: dict, repack: bool) -> str:
 GIVEN = ("type_k", "type_v", "n_ubatch")  # a caller's own choice of these is kept as given
 
 
+RAGGED = (BLOCK, 1, 3, 2)  # new tokens per row in the self-test's unpadded pass (as the loop feeds them)
+
+
 def rows_vs_alone(lm) -> float:
     """Max |logits| difference between rows of uneven lengths scored TOGETHER (one llama_decode: a
-    block of BLOCK tokens per row, then one token per row) and the same rows scored ALONE (0.0: a row's
-    logits do not depend on its neighbours). Needs lm.max_rows >= 2; the adapter is reset."""
-    B = min(lm.max_rows, 4)
+    block of BLOCK tokens per row; one token per row; RAGGED[b] tokens in row b, unpadded) and the same
+    rows scored ALONE (0.0: a row's logits do not depend on its neighbours). Needs lm.max_rows >= 2; the
+    adapter is reset."""
+    B = min(lm.max_rows, len(RAGGED))
     context = max(1, min(CONTEXT, lm.max_length // 2 - BLOCK))
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, lm.vocab_size, (context + 37 * b,), generator=gen).tolist() for b in range(B)]
@@ -161,17 +165,19 @@ def rows_vs_alone(lm) -> float:
     lm.reset(0)
     for prompt in prompts:
         lm.append_rows(prompt + [0])  # the row holds `prompt`
-    together = [lm.forward_rows(feed)]  # [B, BLOCK, V]
-    lm.truncate_rows([len(p) for p in prompts])
-    together.append(lm.forward_rows(feed[:, :1]))  # [B, 1, V]
+    widths = {"block": [BLOCK] * B, "step": [1] * B, "ragged": list(RAGGED[:B])}
+    together = {}
+    for name, width in widths.items():
+        together[name] = lm.forward_ragged([feed[b, :w].tolist() for b, w in enumerate(width)])  # [B, max w, V]
+        lm.truncate_rows([len(p) for p in prompts])
     diff = 0.0
     for b, prompt in enumerate(prompts):
         lm.reset(1)
         lm.prefill(torch.tensor([prompt]))
-        block = lm.forward(feed[b:b + 1])[0]
-        lm.truncate(len(prompt))
-        step = lm.forward(feed[b:b + 1, :1])[0]
-        diff = max(diff, float((together[0][b] - block).abs().max()), float((together[1][b] - step).abs().max()))
+        for name, width in widths.items():
+            alone = lm.forward(feed[b:b + 1, :width[b]])[0]  # [w, V]
+            lm.truncate(len(prompt))
+            diff = max(diff, float((together[name][b, :width[b]] - alone).abs().max()))
     lm.reset()
     return diff
 
@@ -238,9 +244,9 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     lm.identity = verdict.describe(lm.threads)
     lm.cache_generated_kv = verdict.exact and cached_check(verdict_key, "kv", lambda: steps_write_prefill_kv(lm))
     if rows > 1:
-        diff = cached_check(f"{verdict_key}-{rows}", "rows", lambda: rows_vs_alone(lm))
+        diff = cached_check(f"{verdict_key}-{rows}", "rows-ragged", lambda: rows_vs_alone(lm))
         if diff != 0.0:
-            lm.batched = False
+            lm.batched = lm.ragged = False
             lm.identity += f"; rows decode one at a time (a row scored beside others differs by {diff:.3g} here)"
     lm.cost_key = f"llama.cpp|{file}|{repack}|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}"
     return lm

@@ -8,6 +8,15 @@ speed-up for acceptance rate α is
 
 which is Theorem 3.8 when T is flat and t_draft = c · T(1). A batch of B rows is priced the same way
 by T(B, k), the time of one batched forward over B rows of k tokens, against batched plain T(B, 1).
+A `ragged` target (batched llama.cpp) scores each row's own tokens, unpadded, and each row gets its own
+γ. Such a target runs an iteration as passes over the model (`passes`: a run of adjacent rows with the
+same number of tokens left shares one; llama.cpp splits a batch over per-row KV streams so): rows at
+one token each are one pass, batched plain T(B, B); a row that also scores 4 drafts adds a one-row
+pass, T(4). A pass of r rows x k tokens is priced T(r, r) + (T(r·k) − T(r)) (its plain step, plus the
+extra tokens at the single-row curve's price), and what an iteration costs beyond batched plain is
+scaled by a learned factor. Drafts go, one at a time, to the row whose next draft is likeliest
+accepted (α^g for its g-th), and the count with the best E[tokens] / cost wins: one row inside a long
+copy speculates while the rows beside it score one token each.
 
 Where the paper's i.i.d. model holds, and where it does not. E[tokens] = (1 - α^(γ+1)) / (1 - α)
 assumes every draft is accepted with the same probability α, independently of the others: a fair
@@ -29,6 +38,7 @@ plainly until a global α is convinced (which a short answer never outlives); wh
 
 from __future__ import annotations
 
+import heapq
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -54,6 +64,28 @@ class BatchCosts:
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)
     observations: dict[tuple[int, int], int] = field(default_factory=dict)
     scale: float = 1.0  # observed / guessed, averaged over batched iterations
+    # ragged targets (see the module docstring)
+    plain: dict[int, float] = field(default_factory=dict)  # T(B, B), B > 1: batched plain, observed
+    extra: float = 1.0  # what iterations cost beyond batched plain, observed / priced
+
+
+def passes(lengths: list[int]) -> list[tuple[int, int]]:
+    """The passes over the model of one unpadded iteration whose row b scores lengths[b] tokens, as
+    (rows, tokens per row): llama.cpp's split of a batch over one KV stream per row (llama_batch_allocr::
+    split_equal, sequential) takes the first row with tokens left and the adjacent rows after it that
+    have tokens left, and as many tokens from each as the shortest of them has."""
+    left, out = list(lengths), []
+    while True:
+        start = next((b for b, n in enumerate(left) if n > 0), None)
+        if start is None:
+            return out
+        end = start
+        while end + 1 < len(left) and left[end + 1] > 0:
+            end += 1
+        k = min(left[start:end + 1])
+        out.append((end - start + 1, k))
+        for b in range(start, end + 1):
+            left[b] -= k
 
 
 @dataclass
@@ -64,6 +96,7 @@ class CostModel:
     target_observations: list[int] = field(default_factory=list)  # [K]: real iterations that refined T(k)
     frozen: bool = False  # never refined: γ choices that do not depend on timing (tests)
     batch: BatchCosts = field(default_factory=BatchCosts)  # T(B, k), B > 1 (shared like target_s)
+    ragged: bool = False  # the target scores rows unpadded: a batched iteration costs its tokens (above)
 
     def __post_init__(self) -> None:
         if not self.target_observations:
@@ -82,15 +115,18 @@ class CostModel:
         self.draft_s_per_token += weight * (seconds_per_token - self.draft_s_per_token)
         self.draft_observations += 1
 
-    def observe_target(self, k: int, seconds: float, batch: int = 1) -> None:
+    def observe_target(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None) -> None:
         """Refine T(k) (or T(batch, k)) from one real iteration over k new tokens per row (forward +
         verification, timed by the decode loop). `measure_target` runs at one context length without the
         loop's bookkeeping; real decoding differs: on llama.cpp, attention over a 500-token grounded
         prompt took T(2)/T(1) to ~1.4 and T(3)/T(1) to ~1.9 where the measurement said 1.3 and 1.65.
         Each observation (clipped to [0.5, 2]x, against outliers) moves T(k) by TARGET_WEIGHT; a k never
-        observed keeps its measured ratio to T(1)."""
+        observed keeps its measured ratio to T(1). On a ragged target a batched iteration is priced by
+        its rows' `lengths` (new tokens per row; default k each)."""
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
+        if batch > 1 and self.ragged:
+            return self._observe_ragged(lengths or [k] * batch, seconds)
         if batch > 1:
             return self._observe_batch(batch, k, seconds)
         old = self.target_s[k - 1]
@@ -111,6 +147,19 @@ class CostModel:
         costs.seconds[key] = old + (1.0 if not seen else TARGET_WEIGHT) * (min(max(seconds, 0.5 * old), 2.0 * old) - old)
         costs.observations[key] = seen + 1
 
+    def _observe_ragged(self, lengths: list[int], seconds: float) -> None:
+        costs, batch = self.batch, len(lengths)
+        if max(lengths) == 1:  # batched plain: T(B, B), and how far it is from the single-row T(B)
+            old = costs.plain.get(batch, seconds)
+            costs.plain[batch] = old + TARGET_WEIGHT * (min(max(seconds, 0.5 * old), 2.0 * old) - old)
+            costs.scale += TARGET_WEIGHT * (min(max(seconds / self.single_row_guess(batch, 1), 0.25), 4.0) - costs.scale)
+            return
+        plain = self._plain(batch)
+        priced = sum(self._pass_seconds(rows, k) for rows, k in passes(lengths)) - plain
+        if priced > 0:
+            observed = (seconds - plain) / priced
+            costs.extra += TARGET_WEIGHT * (min(max(observed, 0.25), 4.0) - costs.extra)
+
     def single_row_guess(self, batch: int, k: int) -> float:
         """T(1, B·k), extrapolated linearly past the measured k."""
         rows, K = batch * k, len(self.target_s)
@@ -119,10 +168,31 @@ class CostModel:
         slope = max((self.target_s[-1] - self.target_s[0]) / max(K - 1, 1), 0.0)
         return self.target_s[-1] + slope * (rows - K)
 
+    def _plain(self, rows: int) -> float:
+        """T(rows, rows): batched plain, as observed (or the single-row T(rows), scaled as observed)."""
+        if rows <= 1:
+            return self.target_s[0]
+        seen = self.batch.plain.get(rows)
+        return seen if seen is not None else self.batch.scale * self.single_row_guess(rows, 1)
+
+    def _pass_seconds(self, rows: int, k: int) -> float:
+        """One pass of `rows` rows x k tokens, unscaled."""
+        return self._plain(rows) + max(self.single_row_guess(rows, k) - self.single_row_guess(rows, 1), 0.0)
+
+    def ragged_seconds(self, lengths: list[int]) -> float:
+        """One iteration of a ragged target whose row b scores lengths[b] new tokens (>= 1 each)."""
+        if len(lengths) <= 1:
+            return self.single_row_guess(1, lengths[0] if lengths else 1)
+        plain = self._plain(len(lengths))
+        priced = sum(self._pass_seconds(rows, k) for rows, k in passes(lengths))
+        return plain + self.batch.extra * max(priced - plain, 0.0)
+
     def seconds(self, k: int, batch: int = 1) -> float:
         """T(batch, k): one iteration over k new tokens in each of `batch` rows."""
         if batch <= 1:
             return self.target_s[k - 1]
+        if self.ragged:
+            return self.ragged_seconds([k] * batch)
         seen = self.batch.seconds.get((batch, k))
         return seen if seen is not None else self.batch.scale * self.single_row_guess(batch, k)
 
@@ -148,6 +218,9 @@ class CostModel:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["batch"] = {f"{b}x{k}": t for (b, k), t in self.batch.seconds.items()}
+        if self.ragged:
+            d["batch"] = {"plain": {str(b): t for b, t in self.batch.plain.items()}, "extra": self.batch.extra,
+                          "scale": self.batch.scale}
         return {**d, "target_ratios": self.ratios()}
 
 
@@ -300,6 +373,10 @@ class AutoGamma:
                 best, gain = g, value
         return best, gain
 
+    def alphas(self, rows: list[tuple]) -> list[tuple[float, int]]:
+        """(α, drafts it may keep) per row of (match length, proposal length[, kind])."""
+        return [(self.acceptance.of(kind).alpha(m), min(avail, self.max_gamma)) for m, avail, kind in _kinds(rows)]
+
     def choose(self, rows: list[tuple[int | None, int]], batch: int | None = None) -> int:
         """The width γ (0 = plain) for one iteration; `rows`: (match length, proposal length[, kind])
         per row, in a batch of `batch` rows (default: these rows)."""
@@ -308,15 +385,21 @@ class AutoGamma:
         gamma, gain = self.best(rows, batch)
         if gamma > 0 and gain >= self.min_gain:
             return gamma
+        return self._plain_or_probe()
+
+    def _plain_or_probe(self) -> int:
+        """γ when speculation is not predicted to win: 0, or a probe of 1 every so often (the gap
+        doubling after each probe)."""
         self.plain_steps += 1
         if self.plain_steps >= self.probe_gap:
             self.plain_steps, self.probe_gap = 0, self.probe_gap * 2
             return 1
         return 0
 
-    def observe_step(self, k: int, seconds: float, batch: int = 1) -> None:
-        """One iteration over k new tokens per row (the last context token and k-1 drafts) took `seconds`."""
-        self.cost.observe_target(k, seconds, batch)
+    def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None) -> None:
+        """One iteration over up to k new tokens per row (the last context token and k-1 drafts; row b's
+        count in `lengths`) took `seconds`."""
+        self.cost.observe_target(k, seconds, batch, lengths)
 
     def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
                 kind: object = None) -> None:
@@ -326,6 +409,36 @@ class AutoGamma:
             self.acceptance.of(kind).observe(proposed, accepted, match)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s / proposed)
+
+
+def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int]) -> tuple[list[int], float]:
+    """A ragged target's batch, its rows in cache order: row b scores base[b] tokens anyway and may add up
+    to alphas[b][1] drafts, each accepted with alphas[b][0] -> (drafts per row, the predicted speed-up over
+    scoring `base`). Drafts are added one at a time, each to the row whose next draft is likeliest
+    accepted (its g-th: α^g more tokens expected), and the count with the best E[tokens] / cost is kept."""
+    plain, draft_s, batch = cost.ragged_seconds(base), cost.draft_s_per_token, len(base)
+    widths, best, gain, tokens = [0] * batch, [0] * batch, 1.0, float(batch)  # tokens: expected out
+    queue = [(-alpha, b) for b, (alpha, avail) in enumerate(alphas) if avail > 0]
+    heapq.heapify(queue)
+    while queue and -queue[0][0] >= 0.01:
+        more, b = heapq.heappop(queue)
+        widths[b], tokens = widths[b] + 1, tokens - more
+        seconds = cost.ragged_seconds([n + w for n, w in zip(base, widths)]) + sum(widths) * draft_s
+        value = tokens / batch / (seconds / plain)
+        if value > gain:
+            best, gain = list(widths), value
+        alpha, avail = alphas[b]
+        if widths[b] < avail:
+            heapq.heappush(queue, (more * alpha, b))
+    return best, gain
+
+
+def ragged_widths(cost: CostModel, alphas: list[tuple[float, int]], base: list[int], min_gain: float) -> list[int]:
+    """`best_ragged`'s drafts where they are predicted to win by `min_gain`, else none. No probes (as
+    `AutoGamma.choose` makes): here a probe costs a pass of its own (~T(1)), and what it would learn is
+    learnt by the rows that do speculate."""
+    widths, gain = best_ragged(cost, alphas, base)
+    return widths if any(widths) and gain >= min_gain else [0] * len(base)
 
 
 def _kinds(rows: list[tuple]) -> list[tuple]:

@@ -3,8 +3,9 @@
 Each iteration is four steps (`BatchDecoder.step`):
 
     propose  every row drafts: grammar-forced tokens first, then up to its γ of its drafter's (propose.py)
-    score    ONE target forward over every row's [last token, drafts], right-padded to the widest; what
-             the rows read of it (argmax, logits, warped laws) is computed once, on first use (accept.Scored)
+    score    ONE target forward over every row's [last token, drafts], right-padded to the widest (a
+             `ragged` target, batched llama.cpp, scores each row's own tokens only); what the rows
+             read of it (argmax, logits, warped laws) is computed once, on first use (accept.Scored)
     accept   each row keeps a prefix of its drafts and one more token, by the rule it was given when it
              joined (accept.py: greedy argmax, greedy under a grammar, lenient greedy, or the
              speculative-sampling verifier on warped laws, on the host or batched on the device)
@@ -69,6 +70,7 @@ class BatchDecoder:
         self.stats = stats if stats is not None else Stats()  # prefill time, batched target calls
         self.rows: list[Row] = []  # in cache-row order
         self._argmax_forward = getattr(target, "forward_argmax", None)  # one-row llama.cpp: argmax in place
+        self._ragged = getattr(target, "ragged", False)  # batched llama.cpp: rows unpadded
 
     def start(self, rows: list[Row]) -> None:
         """Begin an empty batch with `rows`, prefilled together (one forward, padded if prompts differ;
@@ -150,19 +152,24 @@ class BatchDecoder:
         self._leave(rows)
 
     def _score(self, rows: list[Row], drafts: list[Draft]) -> Scored:
-        """ONE target forward over feed [A, K+1]: each row's last token and drafts, zero-padded."""
-        width = max(len(d.ids) for d in drafts) + 1
-        feed = [[row.context[-1], *d.ids] + [0] * (width - 1 - len(d.ids)) for row, d in zip(rows, drafts)]
+        """ONE target forward over feed [A, K+1]: each row's last token and drafts, zero-padded (a
+        `ragged` target scores each row's own tokens only, and zero-fills the rest of its logits)."""
+        feed = [[row.context[-1], *d.ids] for row, d in zip(rows, drafts)]
         if self._argmax_forward is not None and len(rows) == 1 and not rows[0].rule.needs_logits:
             return Scored(rows, drafts, argmax=[self._argmax_forward(feed[0])])
-        return Scored(rows, drafts, logits=self.target.forward_rows(torch.tensor(feed)))  # [A, K+1, V]
+        if self._ragged:
+            return Scored(rows, drafts, logits=self.target.forward_ragged(feed))  # [A, K+1, V]
+        width = max(len(ids) for ids in feed)
+        padded = [ids + [0] * (width - len(ids)) for ids in feed]
+        return Scored(rows, drafts, logits=self.target.forward_rows(torch.tensor(padded)))  # [A, K+1, V]
 
     def _commit(self, rows: list[Row], drafts: list[Draft], emitted: list[list[int]], seconds: float) -> None:
         """The one commit: auto γ's T(B, k), then per row its feedback, tokens, law and stats (`emitted[j]`
         cut in place at EOS / max_new_tokens); then every row's cache rolled back to its accepted prefix."""
         policy = next((r.gamma for r in rows if isinstance(r.gamma, AutoGamma)), None)
         if policy is not None:  # T(B, k) is the target's: one observation serves every policy
-            policy.observe_step(max(len(d.ids) for d in drafts) + 1, seconds, len(rows))
+            policy.observe_step(max(len(d.ids) for d in drafts) + 1, seconds, len(rows),
+                                lengths=[len(d.ids) + 1 for d in drafts])
         self._keep = [len(row.context) + len(tokens) - 1 for row, tokens in zip(rows, emitted)]  # [A]
         for j, (row, d) in enumerate(zip(rows, drafts)):
             if row.error is None:

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .costmodel import AutoGamma
+from .costmodel import AutoGamma, ragged_widths
 from .interfaces import Drafter, Proposal
 from .law import TargetLaw
 from .rows import Draft, Row
@@ -45,7 +45,8 @@ def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params
 def propose(rows: list[Row], room: int) -> list[Draft]:
     """Every row's drafts, at most `room` past the longest context: grammar-forced tokens first (outside
     γ), then the drafter's `budget` (auto asked once per policy); rows of copying drafters under auto
-    are then cut to one width of the drafter's part per policy, priced by T(B, width + 1). A row whose
+    are then cut to one width of the drafter's part per policy, priced by T(B, width + 1) (on a
+    ragged target, to a width per row, priced by the tokens they add). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
     proposals, wants = [], {}
     for row in rows:
@@ -65,9 +66,9 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
         proposals.append((proposal, forced, time.perf_counter() - t, kind(row)))
     widths = _copy_widths(rows, proposals)
     drafts = []
-    for row, (proposal, forced, seconds, copy_kind) in zip(rows, proposals):
+    for j, (row, (proposal, forced, seconds, copy_kind)) in enumerate(zip(rows, proposals)):
         if proposal is not None and copying(row.drafter, row.gamma):
-            proposal = proposal.head(forced + widths[id(row.gamma)])
+            proposal = proposal.head(forced + widths[j])
         if proposal is None or len(proposal) == 0:
             drafts.append(Draft([], None, 0, 0, seconds))
         else:
@@ -85,10 +86,31 @@ def kind(row: Row) -> tuple | None:
 
 
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]]) -> dict[int, int]:
-    """Per auto policy of copying drafters: the one width of the drafter's part its rows are cut to."""
-    members = {}
-    for row, (proposal, forced, _, copy_kind) in zip(rows, proposals):
+    """Row index -> the width its drafter's part is cut to, for the rows of copying drafters under auto:
+    asked once per policy (`AutoGamma.choose`: one width for all its rows); on a ragged target in a
+    batch, for all such rows together, each its own (costmodel.ragged_widths: every row's extra pass is
+    priced, whichever request it belongs to)."""
+    found = {}  # row index -> (its policy, (match, drafts available, kind))
+    for j, (row, (proposal, forced, _, copy_kind)) in enumerate(zip(rows, proposals)):
         if copying(row.drafter, row.gamma):
-            members.setdefault(id(row.gamma), (row.gamma, []))[1].append(
-                (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None else (None, 0, None))
-    return {key: policy.choose(found, len(rows)) for key, (policy, found) in members.items()}
+            found[j] = (row.gamma, (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None
+                        else (None, 0, None))
+    if not found:
+        return {}
+    policy = next(iter(found.values()))[0]
+    if policy.cost.ragged and len(rows) > 1:  # rows not in `found` score their own tokens (fixed γ, forced)
+        alphas = [found[j][0].alphas([found[j][1]])[0] if j in found else (0.0, 0) for j in range(len(rows))]
+        base = [1 + forced if j in found else 1 + (len(p) if p is not None else 0)  # tokens scored anyway
+                for j, (p, forced, _, _) in enumerate(proposals)]
+        widths = ragged_widths(policy.cost, alphas, base, policy.min_gain)
+        return {j: widths[j] for j in found}
+    members = {}  # id(policy) -> (policy, row indices, their (match, available, kind))
+    for j, (row_policy, row) in found.items():
+        _, indices, given = members.setdefault(id(row_policy), (row_policy, [], []))
+        indices.append(j)
+        given.append(row)
+    widths = {}
+    for policy, indices, given in members.values():
+        width = policy.choose(given, len(rows))
+        widths.update((j, width) for j in indices)
+    return widths
