@@ -4,6 +4,7 @@ where and in which dtype they compute. `engine.load` and `engine.llamacpp_engine
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -130,6 +131,11 @@ def _load_torch(path: str, draft: str, dtype, fast: bool, seq2seq: bool, where: 
             return load_seq2seq_model(model_path, wanted)
         return load_hf_model(model_path, wanted, where, light=fast)  # light: the lean forward only reads weights
 
+    if draft not in DRAFT_NAMES:  # before the slow loads: a draft of another vocabulary is refused at once
+        declared = declared_vocab(path), declared_vocab(draft)
+        if None not in declared and declared[0] != declared[1]:
+            raise ExactSpecError(f"draft vocabulary ({declared[1]} tokens) differs from the target's "
+                                 f"({declared[0]}): {draft}")
     tokenizer = load_tokenizer(path)
     module = load_module(path)
     layout = None
@@ -159,6 +165,21 @@ def _load_torch(path: str, draft: str, dtype, fast: bool, seq2seq: bool, where: 
 
 def _eos_ids(tokenizer) -> set[int] | None:
     return {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else None
+
+
+def declared_vocab(path: str) -> int | None:
+    """The vocabulary size a checkpoint declares (config.json's `vocab_size`, a GGUF header's), read
+    without loading it; None when it declares none."""
+    try:
+        if str(path).endswith(".gguf"):
+            from .models.llama_cpp import _header
+
+            return _header(path, ("vocab_size",)).get("vocab_size")
+        with open(os.path.join(path, "config.json")) as f:
+            size = json.load(f).get("vocab_size")
+        return size if isinstance(size, int) else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def check_same_vocab(target: CausalLM, draft: CausalLM, tokenizer, draft_path: str) -> None:
