@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from exactspec.bench import peer
+from exactspec.errors import ExactSpecError
 from exactspec.server.app import create_app
 
 from .test_server import _running
@@ -26,6 +27,8 @@ def test_the_client_reads_our_server(api, monkeypatch):
     assert seconds > 0 and len(texts) == len(peer.load_workload("chat")) and 0 < tokens <= 8 * len(texts)
     together = peer.run_workload(api.base, "concurrent", {}, 4)  # gamma auto, 4 requests at a time
     assert together[2] == texts  # greedy: the same texts, batched or not, speculative or not
+    with pytest.raises(ExactSpecError, match="answered 400: .*max_tokens"):  # what the server said, one line
+        peer.chat(api.base, [{"role": "user", "content": "hi"}], -1, {})
 
 
 def test_table_ratios_and_the_exactness_column():

@@ -124,8 +124,11 @@ def chat(url: str, messages: list[dict], max_tokens: int, extra: dict) -> tuple[
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 0, **extra}
     request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=600) as r:
-        answer = json.loads(r.read())
+    try:
+        with urllib.request.urlopen(request, timeout=600) as r:
+            answer = json.loads(r.read())
+    except urllib.error.HTTPError as e:  # e.g. llama-server's slots too small for the prompt (-c / --parallel)
+        raise ExactSpecError(f"{url} answered {e.code}: {e.read().decode(errors='replace')[:300]}") from None
     return answer["choices"][0]["message"]["content"] or "", int(answer["usage"]["completion_tokens"])
 
 
