@@ -5,11 +5,15 @@ first and last MiB), so a changed file is never served from an old entry."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 _EDGE = 1 << 20  # bytes hashed at each end of a file
 
@@ -52,3 +56,33 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(f".tmp{time.time_ns()}")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+@contextmanager
+def one_at_a_time(path: Path) -> Iterator[None]:
+    """Hold the lock of cache entry `path` (a lock file beside it) while measuring what goes there: a
+    second process after the same entry waits, then reads the first one's, instead of measuring beside
+    it (two processes timing on the same cores skew each other's figures, and do the work twice)."""
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+T = TypeVar("T")
+
+
+def measured_once(path: Path, read: Callable[[], T | None], measure: Callable[[], T], write: Callable[[T], None]) -> T:
+    """The cache entry at `path`: `read()` (None: absent or unreadable), else `measure()` and `write` it,
+    one process at a time (`one_at_a_time`; a process that waited reads what the first one wrote)."""
+    value = read()
+    if value is not None:
+        return value
+    with one_at_a_time(path):
+        value = read()
+        if value is None:
+            value = measure()
+            write(value)
+    return value

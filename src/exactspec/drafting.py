@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from .cachedir import cache_dir, machine_key, write_atomic
+from .cachedir import cache_dir, machine_key, measured_once, write_atomic
 from .drafters import STORE_MB
 from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
@@ -46,15 +46,17 @@ def target_costs(target: CausalLM, max_k: int) -> list[float]:
     if key is None:
         return measure_target(target, max_k=max_k)
     path = cache_dir("target-costs") / f"{machine_key(1, key, max_k, torch.get_num_threads())}.json"
-    try:
-        costs = json.loads(path.read_text())
-        if isinstance(costs, list) and len(costs) == max_k and all(isinstance(c, float) and c > 0 for c in costs):
-            return costs
-    except (OSError, ValueError):
-        pass  # absent or unreadable: measured (again)
-    costs = measure_target(target, max_k=max_k)
-    write_atomic(path, json.dumps(costs))
-    return costs
+
+    def read() -> list[float] | None:
+        try:
+            costs = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None  # absent or unreadable: measured (again)
+        ok = isinstance(costs, list) and len(costs) == max_k and all(isinstance(c, float) and c > 0 for c in costs)
+        return costs if ok else None
+
+    return measured_once(path, read, lambda: measure_target(target, max_k=max_k),
+                         lambda costs: write_atomic(path, json.dumps(costs)))
 
 
 class Drafting:

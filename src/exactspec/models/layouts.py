@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .. import progress
-from ..cachedir import cache_dir, file_identity, machine_key, write_atomic
+from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 from .fast_llama import ATTN_BLOCK, FastLlamaLM
 
 VERSION = 2  # bump when the test or the candidates change: old cache entries are then ignored
@@ -193,7 +193,17 @@ def cache_key(model_path: str | None) -> str:
 def choose_layout(module: torch.nn.Module, model_path: str | None, refresh: bool = False) -> Choice:
     """The layout for `module` on this CPU: from the cache, or by running every candidate's self-test."""
     path = cache_dir("layouts") / f"{cache_key(model_path)}.json"
-    if not refresh and path.exists():
+    def measure() -> Choice:
+        progress.status("choosing the dtype: self-test of each layout on this CPU (once per machine and model)")
+        with progress.timed("dtype self-test"):
+            return self_test(module)
+
+    read = (lambda: None) if refresh else (lambda: _cached_choice(path))
+    return measured_once(path, read, measure, lambda choice: write_atomic(path, json.dumps(asdict(choice), indent=1)))
+
+
+def _cached_choice(path) -> Choice | None:
+    if path.exists():
         try:
             saved = json.loads(path.read_text())
             choice = Choice(**{**saved, "trials": [Trial(**t) for t in saved["trials"]]})
@@ -202,8 +212,4 @@ def choose_layout(module: torch.nn.Module, model_path: str | None, refresh: bool
             return choice
         except (ValueError, TypeError, KeyError, StopIteration):
             pass  # an unreadable entry is re-measured
-    progress.status("choosing the dtype: self-test of each layout on this CPU (once per machine and model)")
-    with progress.timed("dtype self-test"):
-        choice = self_test(module)
-    write_atomic(path, json.dumps(asdict(choice), indent=1))
-    return choice
+    return None

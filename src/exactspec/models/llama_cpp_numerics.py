@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .. import progress
-from ..cachedir import cache_dir, file_identity, machine_key, write_atomic
+from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 
 VERSION = 2  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
@@ -105,12 +105,21 @@ def choose(make, threads: int, key: str) -> Verdict:
     """The verdict for a model: from the cache under `key`, or by trying each candidate; `make(setting)`
     builds an adapter with that setting (the caller's, with `set_single_threads` applied)."""
     path = cache_dir("llamacpp-numerics") / f"{key}.json"
+    return measured_once(path, lambda: _cached_verdict(path), lambda: _measure_verdict(make, threads),
+                         lambda v: write_atomic(path, json.dumps({k: x for k, x in asdict(v).items() if k != "cached"})))
+
+
+def _cached_verdict(path) -> Verdict | None:
     if path.exists():
         try:
             data = json.loads(path.read_text())
             return Verdict(**{**data, "setting": Setting(**data["setting"]), "cached": True})
         except (ValueError, TypeError, KeyError):
             pass  # an unreadable entry is measured again
+    return None
+
+
+def _measure_verdict(make, threads: int) -> Verdict:
     progress.status("choosing llama.cpp's cache type and threads: bit-equality self-test (once per machine and model)")
     trials = []
     with progress.timed("llama.cpp numerics self-test"):
@@ -121,9 +130,7 @@ def choose(make, threads: int, key: str) -> Verdict:
             diff, step_ms = trial(lm)
             del lm
             trials.append((setting, diff, step_ms))
-    verdict = pick(trials)
-    write_atomic(path, json.dumps({k: v for k, v in asdict(verdict).items() if k != "cached"}))
-    return verdict
+    return pick(trials)
 
 
 def pick(trials: list[tuple[Setting, float, float]]) -> Verdict:
@@ -203,15 +210,18 @@ def steps_write_prefill_kv(lm) -> bool:
 def cached_check(key: str, name: str, check):
     """`check()` (a JSON value), cached under the numerics verdict's `key` and the check's `name`."""
     path = cache_dir("llamacpp-numerics") / f"{key}-{name}.json"
-    if path.exists():
+
+    def read():
         try:
             return json.loads(path.read_text())["value"]
-        except (ValueError, TypeError, KeyError):
-            pass  # measured again
-    with progress.timed(f"llama.cpp {name} self-test"):
-        value = check()
-    write_atomic(path, json.dumps({"value": value}))
-    return value
+        except (OSError, ValueError, TypeError, KeyError):
+            return None  # absent or unreadable: measured (again)
+
+    def measure():
+        with progress.timed(f"llama.cpp {name} self-test"):
+            return check()
+
+    return measured_once(path, read, measure, lambda value: write_atomic(path, json.dumps({"value": value})))
 
 
 def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = None, repack: bool | None = None,

@@ -1,0 +1,37 @@
+"""The cache of what is measured once per machine and model (cachedir.py): one process at a time measures
+an entry, and whoever waited reads what the first one wrote."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from exactspec.cachedir import cache_dir, measured_once, write_atomic
+
+
+def test_an_entry_is_measured_once_while_others_wait(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
+    path = cache_dir("things") / "entry.json"
+    measured, results = [], []
+
+    def read():
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def measure():
+        measured.append(threading.get_ident())
+        time.sleep(0.3)  # the others arrive meanwhile (separate lock files opened: flock holds between them)
+        return {"value": 42}
+
+    def one():
+        results.append(measured_once(path, read, measure, lambda v: write_atomic(path, json.dumps(v))))
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert results == [{"value": 42}] * 3 and len(measured) == 1
+    path.write_text("not json")  # unreadable: measured again, once
+    assert measured_once(path, lambda: None if path.read_text() == "not json" else read(), measure,
+                         lambda v: write_atomic(path, json.dumps(v))) == {"value": 42} and len(measured) == 2
