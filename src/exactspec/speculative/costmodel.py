@@ -96,7 +96,7 @@ class CostModel:
     target_observations: list[int] = field(default_factory=list)  # [K]: real iterations that refined T(k)
     frozen: bool = False  # never refined: γ choices that do not depend on timing (tests)
     batch: BatchCosts = field(default_factory=BatchCosts)  # T(B, k), B > 1 (shared like target_s)
-    ragged: bool = False  # the target scores rows unpadded: a batched iteration costs its tokens (above)
+    ragged: bool = False  # the target scores rows unpadded: a batched iteration costs the passes it runs (above)
 
     def __post_init__(self) -> None:
         if not self.target_observations:
