@@ -86,7 +86,19 @@ def test_conversion_is_cached_per_file_identity(gguf_path, tmp_path, monkeypatch
     first = checkpoint.converted_dir(str(copy))
     checkpoint._resolved.clear()  # as a new process would: from the cache folder, not this one's memory
     assert checkpoint.converted_dir(str(copy)) == first and len(converted) == 1
-    os.utime(copy, ns=(1, 1))  # same bytes, another mtime: another identity
+    os.utime(copy, ns=(1, 1))  # same bytes, another mtime: the same identity
+    checkpoint._resolved.clear()
+    assert checkpoint.converted_dir(str(copy)) == first and len(converted) == 1
+    elsewhere = tmp_path / "venv2" / "model.gguf"  # the same file under another path (a second venv)
+    elsewhere.parent.mkdir()
+    shutil.copyfile(copy, elsewhere)
+    assert checkpoint.converted_dir(str(elsewhere)) == first and len(converted) == 1
+    with open(copy, "r+b") as f:  # other bytes, same size: another identity
+        f.seek(os.path.getsize(copy) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(copy, ns=(2, 2))
     second = checkpoint.converted_dir(str(copy))
     assert second != first and len(converted) == 2 and first.exists()
 
@@ -95,7 +107,8 @@ def test_conversion_is_cached_per_file_identity(gguf_path, tmp_path, monkeypatch
         raise OSError("disk full")
 
     monkeypatch.setattr(checkpoint, "convert", crash)
-    os.utime(copy, ns=(2, 2))
+    with open(copy, "ab") as f:  # other bytes again
+        f.write(b"\0")
     assert checkpoint.converted_dir(str(copy)) is None  # the caller falls back to transformers' reader
     assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == sorted([first.name, second.name])
 
