@@ -272,8 +272,9 @@ def test_killing_a_replica_loses_no_request_that_had_not_started(served, engine)
             assert text == refs[i], f"request {i} differs from the engine's output"
         elif replica is None:  # accepted by the victim before its response began: Serve's proxy answers 5xx
             assert isinstance(why, int) and why >= 500 and ended - killed_at < 60, (i, why, ended - killed_at)
-        else:  # running on the victim: the stream breaks off, promptly
-            assert replica == victim and started < killed_at and ended - killed_at < 60, \
+        else:  # running on the victim: the stream breaks off, promptly (`ray.kill` returns before the
+            # actor is dead: a response it began within a moment of the call breaks off as well)
+            assert replica == victim and started < killed_at + 5 and ended - killed_at < 60, \
                 (i, replica, started - killed_at, why, ended - killed_at)
     # Serve re-routes a request whose replica died before accepting it, so only requests the victim had
     # accepted (at most max_ongoing_requests = 2) may be lost; every queued one completes exactly.
