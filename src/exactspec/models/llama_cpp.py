@@ -30,8 +30,9 @@ the bench anchors use them. Measured with llama-cpp-python 0.3.36; tests check i
 BATCHED ROWS (rows > 1): the context holds `rows` sequences, row b in sequence b, each in its own KV
 stream (kv_unified off; llama.cpp then splits n_ctx evenly, so n_ctx is rows x the per-row context).
 One llama_decode carries every row's tokens (row-major, as many columns as fit n_batch), each row only
-its own (`forward_ragged`: a row with no drafts costs one token, not the widest row's width: the adapter
-is `ragged`, and auto γ prices an iteration by the tokens it holds); rows roll back with
+its own (`forward_ragged`: a row with no drafts scores one token, not the widest row's width: the
+adapter is `ragged`, and auto γ prices an iteration by the passes llama.cpp splits it into,
+costmodel.passes); rows roll back with
 llama_memory_seq_rm(b, length, -1). A row's cells are laid out as they would be alone: its own
 stream, filled from its first cell (in a unified cache, rows' cells interleave and freed cells are
 reused out of order, which changes the order attention sums a row's keys in). Rows that change sequence
