@@ -133,9 +133,8 @@ def _load_torch(path: str, draft: str, dtype, fast: bool, seq2seq: bool, where: 
 
     if draft not in DRAFT_NAMES:  # before the slow loads: a draft of another vocabulary is refused at once
         declared = declared_vocab(path), declared_vocab(draft)
-        if None not in declared and declared[0] != declared[1]:
-            raise ExactSpecError(f"draft vocabulary ({declared[1]} tokens) differs from the target's "
-                                 f"({declared[0]}): {draft}")
+        if None not in declared:
+            refuse_other_vocab(*declared, draft)
     tokenizer = load_tokenizer(path)
     module = load_module(path)
     layout = None
@@ -182,12 +181,14 @@ def declared_vocab(path: str) -> int | None:
         return None
 
 
+def refuse_other_vocab(target_size: int, draft_size: int, draft_path: str) -> None:
+    if draft_size != target_size:
+        raise ExactSpecError(f"draft vocabulary ({draft_size} tokens) differs from the target's ({target_size}): {draft_path}")
+
+
 def check_same_vocab(target: CausalLM, draft: CausalLM, tokenizer, draft_path: str) -> None:
     """Refuse a draft model whose vocabulary differs from the target's: its tokens would mean other things."""
-    if draft.vocab_size != target.vocab_size:
-        raise ExactSpecError(
-            f"draft vocabulary ({draft.vocab_size} tokens) differs from the target's ({target.vocab_size}): {draft_path}"
-        )
+    refuse_other_vocab(target.vocab_size, draft.vocab_size, draft_path)
     try:
         draft_tokenizer = load_tokenizer(draft_path)
     except ExactSpecError:

@@ -385,11 +385,6 @@ class AutoGamma:
         gamma, gain = self.best(rows, batch)
         if gamma > 0 and gain >= self.min_gain:
             return gamma
-        return self._plain_or_probe()
-
-    def _plain_or_probe(self) -> int:
-        """γ when speculation is not predicted to win: 0, or a probe of 1 every so often (the gap
-        doubling after each probe)."""
         self.plain_steps += 1
         if self.plain_steps >= self.probe_gap:
             self.plain_steps, self.probe_gap = 0, self.probe_gap * 2
