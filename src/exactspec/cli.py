@@ -41,8 +41,6 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
 
 def constraint_from_args(args: argparse.Namespace) -> dict | None:
     """The --json-schema / --json-object / --regex / --grammar choice as a constraint spec, checked."""
-    from .speculative.grammar import grammar_from_spec
-
     def read(path: str) -> str:
         try:
             with open(path, encoding="utf-8") as f:
@@ -63,7 +61,10 @@ def constraint_from_args(args: argparse.Namespace) -> dict | None:
         spec = {"type": "regex", "regex": args.regex}
     elif args.grammar:
         spec = {"type": "grammar", "grammar": read(args.grammar)}
-    grammar_from_spec(spec)  # refuse a bad one before the slow model load
+    if spec is not None:
+        from .speculative.grammar import grammar_from_spec
+
+        grammar_from_spec(spec)  # refuse a bad one before the slow model load
     return spec
 
 
@@ -138,8 +139,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .drafting import check_gamma
-    from .speculative.sampling import SamplingParams
+    from .speculative.params import SamplingParams, check_gamma
 
     prompt = read_prompt(args)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from . import progress
 from .drafters import STORE_MB
 from .errors import ExactSpecError
+from .speculative.params import check_draft
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -68,10 +70,19 @@ def add_backend_arg(p: argparse.ArgumentParser) -> None:
                         "one line saying why when llama.cpp cannot load the file); torch; or llama.cpp (GGUF only)")
 
 
+def check_model_paths(args: argparse.Namespace) -> None:
+    """Refuse a missing target or an unknown draft before anything slow is imported, loaded or started
+    (a Ray replica that cannot load retries forever)."""
+    if args.target and not os.path.exists(args.target):
+        raise ExactSpecError(f"model path not found: {args.target}")
+    check_draft(args.draft)
+
+
 def load_engine(args: argparse.Namespace, **kwargs) -> "Engine":
     """Load target and drafter, saying so on stderr (one line; with --verbose, where the time went)."""
     if args.threads is not None and args.threads < 1:
         raise ExactSpecError(f"--threads must be >= 1, got {args.threads}")
+    check_model_paths(args)
     from .engine import load
 
     imported = time.perf_counter()

@@ -20,21 +20,11 @@ from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
 from .speculative.costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
 from .speculative.interfaces import CausalLM, Drafter
+from .speculative.params import DRAFT_NAMES
 from .speculative.sampling import SamplingParams
 from .stats import Stats
 
-DRAFT_NAMES = ("prompt-lookup", "suffix", "bigram", "unigram", "auto", "none")
 AUTO_ARMS = ("prompt-lookup", "store", "bigram")  # "store" when the engine has one, "model" when it has a draft model
-
-
-def check_gamma(gamma: int | str) -> int | str:
-    """γ is an integer >= 0 (an int or its digits) or "auto"."""
-    if gamma == "auto":
-        return gamma
-    valid = isinstance(gamma, int) and not isinstance(gamma, bool) or isinstance(gamma, str) and gamma.isdigit()
-    if not valid or int(gamma) < 0:
-        raise ExactSpecError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
-    return int(gamma)
 
 
 def target_costs(target: CausalLM, max_k: int) -> list[float]:

@@ -19,7 +19,7 @@ import torch
 from .batching import Job, run_jobs
 from .chat_prompt import encode_prompt
 from .drafters.auto import DraftBandit
-from .drafting import DRAFT_NAMES, STORE_MB, Drafting, check_gamma
+from .drafting import STORE_MB, Drafting
 from .errors import ExactSpecError
 from .generation import (GenerationResult, LawSpec, Request, law_spec, release, row_seeds, seeded, split_sampling,
                          text_pieces)
@@ -31,6 +31,7 @@ from .speculative.interfaces import CausalLM, Drafter
 from .speculative.grammar import llg_tokenizer
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row
+from .speculative.params import DRAFT_NAMES, check_gamma
 from .speculative.rows import Row
 from .speculative.sampling import SamplingParams
 from .stats import Stats

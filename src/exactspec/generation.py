@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .detokenize import IncrementalText
-from .drafting import check_gamma
 from .errors import ExactSpecError
 from .speculative.grammar import Matcher, grammar_from_spec
 from .speculative.law import LAW_KEYWORDS, Penalties, TargetLaw
+from .speculative.params import check_gamma
 from .speculative.sampling import SamplingParams
 from .stats import Stats
 

@@ -14,7 +14,7 @@ import torch
 from . import progress
 from .cachedir import file_identity
 from .device import cpu_name, describe, resolve_device, resolve_dtype
-from .drafting import DRAFT_NAMES
+from .speculative.params import DRAFT_NAMES, check_draft
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
@@ -87,8 +87,7 @@ def load_models(target: str | None, draft: str, dtype, threads: int | None, fast
         if str(device) not in ("auto", "cpu"):
             raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
         return load_llamacpp(path, draft, threads=threads, rows=rows)
-    if draft not in DRAFT_NAMES and not os.path.exists(draft):
-        raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
+    check_draft(draft)
     seq2seq = is_encoder_decoder(path)
     if draft not in DRAFT_NAMES and is_encoder_decoder(draft) != seq2seq:
         kind = lambda enc: "an encoder-decoder (T5/BART-like)" if enc else "a decoder-only"  # noqa: E731

@@ -347,7 +347,7 @@ def _dtype_test(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..speculative.sampling import SamplingParams
+    from ..speculative.params import SamplingParams
     from ..stats import Stats
     from .workloads import load_workload
 
@@ -390,7 +390,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def _tune_table(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..speculative.sampling import SamplingParams
+    from ..speculative.params import SamplingParams
     from .table import measure_table, to_markdown
     from .workloads import WORKLOADS
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cli_common import check_model_paths
 from ..errors import ExactSpecError
 
 
@@ -55,18 +56,6 @@ def load_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
-def _check_target(args: argparse.Namespace) -> None:
-    """Refuse missing paths here, before Ray starts anything (a replica that cannot load retries forever)."""
-    import os
-
-    from ..drafting import DRAFT_NAMES
-
-    if args.target and not os.path.exists(args.target):
-        raise ExactSpecError(f"model path not found: {args.target}")
-    if args.draft not in DRAFT_NAMES and not os.path.exists(args.draft):
-        raise ExactSpecError(f"unknown draft {args.draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
-
-
 def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
     """`exactspec serve --replicas N`: deploy and serve until interrupted."""
     from . import init_ray
@@ -82,7 +71,7 @@ def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
         raise ExactSpecError("--min-replicas must be >= 0 and <= --replicas (the replicas it starts with)")
     if replicas.max_replicas is not None and replicas.max_replicas < max(replicas.count, replicas.min_replicas or 0):
         raise ExactSpecError("--max-replicas must be >= --replicas and --min-replicas")
-    _check_target(args)
+    check_model_paths(args)
     init_ray(args.ray_address, max(replicas.count, replicas.max_replicas or 0) * replicas.cpus)
     print(f"exactspec: deploying {replicas.count} replica(s) on Ray Serve, {replicas.routing} routing", file=sys.stderr)
     run(load_kwargs(args), model_name, args.max_rows, replicas, args.host, args.port, blocking=True)
@@ -119,7 +108,7 @@ def add_batch_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    from ..drafting import check_gamma
+    from ..speculative.params import check_gamma
     from . import batch
 
     args.gamma = check_gamma(args.gamma)
@@ -141,7 +130,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     else:
         from . import init_ray
 
-        _check_target(args)
+        check_model_paths(args)
         init_ray(args.ray_address, args.replicas * args.cpus_per_worker)
         outputs = batch.run_ray(load_kwargs(args), lines, args.batch_size, args.max_tokens, args.replicas,
                                 args.cpus_per_worker)

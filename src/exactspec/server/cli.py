@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def check_serve_args(args: argparse.Namespace) -> None:
     """Refuse bad options and a missing server extra before anything loads (γ parsed in place)."""
-    from ..drafting import check_gamma
+    from ..speculative.params import check_gamma
 
     args.gamma = check_gamma(args.gamma)
     if args.max_rows < 1:

@@ -1,4 +1,4 @@
-"""Sampling parameters and the warp that turns logits into the distribution actually sampled.
+"""The warp that turns logits into the distribution actually sampled (its parameters: `params.py`).
 
 Exactness rests on one rule: the SAME `warp` is applied to target and draft logits before the
 speculative accept test, so the verifier preserves the *warped* target law. Order follows Hugging
@@ -15,39 +15,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from ..errors import ExactSpecError
-
-MIN_TEMPERATURE = 1e-5  # below it (and 0) sampling is greedy: logits / T would overflow to inf and NaN
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to turn logits into a distribution. Defaults sample from the raw model (T=1); a temperature
-    below MIN_TEMPERATURE is greedy (the limit of the tempered law, without its overflow)."""
-
-    temperature: float = 1.0
-    top_k: int = 0  # 0 disables
-    top_p: float = 1.0  # 1 disables
-    min_p: float = 0.0  # 0 disables
-    # Not a warp but the verifier's acceptance rule: 1 is exact; L in (0, 1) accepts more drafts and is
-    # LOSSY (the output law moves towards the drafter's; see verify.py). Here so it travels with a request.
-    lenience: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not (self.temperature >= 0) or self.temperature == float("inf"):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (0.0 <= self.min_p <= 1.0):
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not (0.0 < self.lenience <= 1.0):
-            raise ValueError(f"lenience must be in (0, 1] (1 = exact; smaller is lossy), got {self.lenience}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < MIN_TEMPERATURE
-
+from .params import MIN_TEMPERATURE, SamplingParams  # noqa: F401 (the settings live torch-free in params.py)
 
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [..., V] -> probs [..., V] (float32), the distribution to sample from."""

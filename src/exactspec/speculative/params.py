@@ -1,0 +1,61 @@
+"""What a request sets, checked without torch: the sampling parameters, γ and the drafter's name. The
+CLI and the server refuse bad settings with these before anything slow is imported or loaded."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import ExactSpecError
+
+MIN_TEMPERATURE = 1e-5  # below it (and 0) sampling is greedy: logits / T would overflow to inf and NaN
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn logits into a distribution. Defaults sample from the raw model (T=1); a temperature
+    below MIN_TEMPERATURE is greedy (the limit of the tempered law, without its overflow)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1 disables
+    min_p: float = 0.0  # 0 disables
+    # Not a warp but the verifier's acceptance rule: 1 is exact; L in (0, 1) accepts more drafts and is
+    # LOSSY (the output law moves towards the drafter's; see verify.py). Here so it travels with a request.
+    lenience: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0) or self.temperature == float("inf"):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (0.0 < self.lenience <= 1.0):
+            raise ValueError(f"lenience must be in (0, 1] (1 = exact; smaller is lossy), got {self.lenience}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < MIN_TEMPERATURE
+
+
+def check_gamma(gamma: int | str) -> int | str:
+    """γ is an integer >= 0 (an int or its digits) or "auto"."""
+    if gamma == "auto":
+        return gamma
+    valid = isinstance(gamma, int) and not isinstance(gamma, bool) or isinstance(gamma, str) and gamma.isdigit()
+    if not valid or int(gamma) < 0:
+        raise ExactSpecError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
+    return int(gamma)
+
+
+DRAFT_NAMES = ("prompt-lookup", "suffix", "bigram", "unigram", "auto", "none")
+
+
+def check_draft(draft: str) -> str:
+    """A drafter's name, or the path of a draft model that exists."""
+    if draft not in DRAFT_NAMES and not os.path.exists(draft):
+        raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a model path")
+    return draft
