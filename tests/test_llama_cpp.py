@@ -365,11 +365,25 @@ def test_one_token_steps_equal_blocks_past_the_thread_split(engine):
     lm = engine.target
     identity = engine.runtime()["greedy_identity"]
     ids = torch.randint(0, lm.vocab_size, (600 + LONG,), generator=torch.Generator().manual_seed(3)).tolist()
-    diffs = [block_vs_steps(lm, ids[: c + k], c)[0] for c in (300, 600) for k in (BLOCK, LONG)]
+    diffs = [block_vs_steps(lm, ids[: c + LONG], c, (BLOCK, LONG))[0] for c in (300, 600)]
     if "bit-exact" in identity:
-        assert diffs == [0.0] * 4, (identity, diffs)
+        assert diffs == [0.0] * 2, (identity, diffs)
     else:
         assert "tolerance" in identity, identity
+
+
+def test_block_vs_steps_sees_a_planted_difference(engine, monkeypatch):
+    """Negative control of the self-test's comparison: blocks that score 2^-20 off are seen, whichever
+    of the block sizes drifts."""
+    from exactspec.models.llama_cpp_numerics import BLOCK, block_vs_steps
+
+    lm, real, blocks = engine.target, engine.target.forward, (3, BLOCK)
+    ids = torch.randint(0, lm.vocab_size, (40 + BLOCK,), generator=torch.Generator().manual_seed(4)).tolist()
+    for drifting in blocks:
+        monkeypatch.setattr(lm, "forward", lambda new_ids: real(new_ids) + 2.0 ** -20 * (new_ids.shape[1] == drifting))
+        assert block_vs_steps(lm, ids, 40, blocks)[0] > 0, drifting
+    monkeypatch.undo()
+    assert block_vs_steps(lm, ids, 40, blocks)[0] == 0.0 or "tolerance" in engine.runtime()["greedy_identity"]
 
 
 def test_the_self_test_keeps_the_fastest_bit_equal_setting():

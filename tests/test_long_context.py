@@ -22,8 +22,10 @@ NEW_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def auto_engine():
-    """The embedded model as a user loads it: `dtype auto` (the self-tested layout), prompt lookup, γ 4."""
-    return exactspec.load()
+    """The embedded model as a user loads it (`backend auto`, `dtype auto`: the self-tested settings), with
+    a prefix cache as `serve` has: the plain run prefills the prompt, the others continue from its cache
+    (so each is also checked against an uncached run)."""
+    return exactspec.load(prefix_cache_mb=64)
 
 
 @pytest.fixture(scope="module")

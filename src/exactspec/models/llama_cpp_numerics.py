@@ -76,29 +76,33 @@ class Verdict:
         return f"bit-exact (self-test: blocks equal one-token steps; {how})"
 
 
-def block_vs_steps(lm, ids: list[int], context: int) -> tuple[float, list[float]]:
-    """Max |logits| difference between scoring ids[context:] as one block and one token at a time after
-    the same prefill (0.0: bit-equal), and the seconds of each one-token step; the adapter is reset."""
+def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | None = None) -> tuple[float, list[float]]:
+    """Max |logits| difference between scoring ids[context:context + k] as one block, for each k in `blocks`
+    (default: the whole stretch), and the same tokens one at a time, all after ONE prefill of ids[:context]
+    (0.0: bit-equal); and the seconds of each one-token step. The adapter is reset."""
+    blocks = blocks or (len(ids) - context,)
     lm.reset()
     lm.prefill(torch.tensor([ids[:context]]))
-    block = lm.forward(torch.tensor([ids[context:]]))[0]  # [k, V]
-    lm.truncate(context)
+    scored = []  # [k, V] per block
+    for k in blocks:
+        scored.append(lm.forward(torch.tensor([ids[context:context + k]]))[0])
+        lm.truncate(context)
     steps, seconds = [], []
-    for t in ids[context:]:
+    for t in ids[context:context + max(blocks)]:
         start = time.perf_counter()
         steps.append(lm.forward(torch.tensor([[t]]))[0])
         seconds.append(time.perf_counter() - start)
     lm.reset()
-    return float((block - torch.cat(steps)).abs().max()), seconds
+    steps = torch.cat(steps)  # [max k, V]
+    return max(float((block - steps[:len(block)]).abs().max()) for block in scored), seconds
 
 
 def trial(lm) -> tuple[float, float]:
     """(max difference over a BLOCK- and a LONG-token block, median one-token step in ms) for `lm`."""
     context = max(1, min(CONTEXT, lm.max_length - LONG - 1))
     ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(0)).tolist()
-    short, _ = block_vs_steps(lm, ids[: context + BLOCK], context)
-    long, seconds = block_vs_steps(lm, ids, context)
-    return max(short, long), statistics.median(seconds) * 1e3
+    diff, seconds = block_vs_steps(lm, ids, context, (BLOCK, LONG))
+    return diff, statistics.median(seconds) * 1e3
 
 
 def choose(make, threads: int, key: str) -> Verdict:
