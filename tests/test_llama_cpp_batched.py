@@ -94,6 +94,18 @@ def test_ragged_rows_score_their_own_tokens_only(lm):
         torch.testing.assert_close(step[b, :(1, 2, 1)[b]], alone(lm, kept, [[7], [8, 9], [10]][b]), atol=1e-3, rtol=0)
 
 
+def test_prompts_of_different_lengths_prefill_unpadded(lm):
+    """The loop's prefill of different prompts on this adapter: one forward_ragged without logits, each
+    row only its own tokens (55, 30 and 83 over calls of 16 // 3 = 5 columns); every row then scores as
+    if prefilled alone."""
+    prompts = [list(range(5, 60)), list(range(100, 130)), list(range(7, 90))]
+    lm.reset(len(prompts))
+    assert lm.forward_ragged(prompts, logits=False) is None
+    step = lm.forward_ragged([[7], [8, 9], [10]])
+    for b, p in enumerate(prompts):
+        torch.testing.assert_close(step[b, :(1, 2, 1)[b]], alone(lm, p, [[7], [8, 9], [10]][b]), atol=1e-3, rtol=0)
+
+
 def test_select_rows_moves_repeats_and_drops_rows(lm):
     prompts = [list(range(5, 40)), list(range(50, 61)), list(range(70, 100))]
     lm.reset(0)

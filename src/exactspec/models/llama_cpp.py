@@ -386,11 +386,15 @@ class LlamaCppLM:
             return None
         return self.forward_ragged(new_ids.tolist())  # [B, k, V]
 
-    def forward_ragged(self, ids: list[list[int]]) -> torch.Tensor:
-        """Row b appends ids[b] (its own length, at least one token) -> logits [B, max len, V], zero past
-        each row's own tokens (those positions were not computed: nothing is written past a row's tokens)."""
+    def forward_ragged(self, ids: list[list[int]], logits: bool = True) -> torch.Tensor | None:
+        """Row b appends ids[b] (its own length) -> logits [B, max len, V], zero past each row's own
+        tokens (those positions were not computed: nothing is written past a row's tokens); None if not
+        `logits` (a prefill of prompts of different lengths, none padded)."""
         if len(ids) != self.batch_size:
             raise ValueError(f"got {len(ids)} rows for a cache of {self.batch_size}")
+        if not logits:
+            self._decode_columns(ids, None)
+            return None
         width = max(len(row) for row in ids)
         if self.batch_size == 1:
             return self.forward(torch.tensor(ids))

@@ -245,7 +245,8 @@ def _accept(row: Row, scored: Scored, j: int) -> list[int]:
 
 
 def _prefill(target, prompts: list[list[int]]) -> None:
-    """Cache every row's prompt[:-1]; identical prompts (n samples) share one prefill."""
+    """Cache every row's prompt[:-1]; identical prompts (n samples) share one prefill. A ragged target
+    takes each prompt at its own length; others get them right-padded, each row then cut back."""
     if all(p == prompts[0] for p in prompts):
         target.reset(1)
         if len(prompts[0]) > 1:
@@ -253,6 +254,9 @@ def _prefill(target, prompts: list[list[int]]) -> None:
         target.select_rows(torch.zeros(len(prompts), dtype=torch.long))
         return
     target.reset(len(prompts))
+    if getattr(target, "ragged", False):
+        target.forward_ragged([p[:-1] for p in prompts], logits=False)
+        return
     width = max(len(p) for p in prompts) - 1
     if width > 0:  # right-padded; each row is then cut back to its own length
         padded = torch.tensor([p[:-1] + [0] * (width - len(p) + 1) for p in prompts])
