@@ -7,7 +7,7 @@ import json
 import threading
 import time
 
-from exactspec.cachedir import cache_dir, measured_once, write_atomic
+from exactspec.cachedir import cache_dir, machine_key, measured_once, write_atomic
 
 
 def test_an_entry_is_measured_once_while_others_wait(tmp_path, monkeypatch):
@@ -35,3 +35,15 @@ def test_an_entry_is_measured_once_while_others_wait(tmp_path, monkeypatch):
     path.write_text("not json")  # unreadable: measured again, once
     assert measured_once(path, lambda: None if path.read_text() == "not json" else read(), measure,
                          lambda v: write_atomic(path, json.dumps(v))) == {"value": 42} and len(measured) == 2
+
+
+def test_what_is_measured_under_another_openmp_waiting_policy_is_another_entry(monkeypatch):
+    """A verdict ranked by speed under PASSIVE waiting (the suite's) is not the default's (a user's)."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    default = machine_key(1, "model")
+    assert machine_key(1, "model") == default
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    passive = machine_key(1, "model")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    assert len({default, passive, machine_key(1, "model")}) == 3

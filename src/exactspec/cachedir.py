@@ -58,12 +58,18 @@ def content_hash(f: Path) -> str:
     return h.hexdigest()
 
 
+OPENMP_WAITING = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # how idle OpenMP threads wait: llama.cpp ran 2.5x
+# slower here with PASSIVE, so a verdict ranked by speed under one policy is not the other's
+
+
 def machine_key(version: object, *parts: object) -> str:
     """A short hex key for something measured on this CPU: `version`, the CPU's model, architecture and
-    flags, then `parts` (library versions, settings, a file identity)."""
+    flags, OpenMP's waiting policy, then `parts` (library versions, settings, a file identity)."""
     from .device import cpu_flags, cpu_name
 
-    text = "|".join([str(version), cpu_name(), platform.machine(), " ".join(sorted(cpu_flags())), *map(str, parts)])
+    waiting = " ".join(f"{name}={os.environ.get(name, '')}" for name in OPENMP_WAITING)
+    text = "|".join([str(version), cpu_name(), platform.machine(), " ".join(sorted(cpu_flags())), waiting,
+                     *map(str, parts)])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
