@@ -14,7 +14,6 @@ import torch
 from . import progress
 from .cachedir import file_identity
 from .device import cpu_name, describe, resolve_device, resolve_dtype
-from .speculative.params import DRAFT_NAMES, check_draft
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
@@ -22,6 +21,7 @@ from .models.layouts import Choice, choose_layout, layout_named
 from .models.seq2seq import Seq2SeqLM, is_encoder_decoder, load_seq2seq_model
 from .models.torch_hf import HFCausalLM, load_hf_model, load_tokenizer
 from .speculative.interfaces import CausalLM
+from .speculative.params import DRAFT_NAMES, check_draft
 
 
 @dataclass
