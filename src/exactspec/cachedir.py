@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TypeVar
 
 
-
 def cache_dir(*parts: str) -> Path:
     """The cache folder (made on demand), or a sub-folder of it."""
     root = os.environ.get("EXACTSPEC_CACHE") or os.path.join(

@@ -381,10 +381,7 @@ class LlamaCppLM:
             raise ValueError(f"got {B} rows for a cache of {self.batch_size}")
         if B == 1:
             return self.forward(new_ids) if logits else self.prefill(new_ids)
-        if not logits:
-            self._decode_columns(new_ids.tolist(), None)
-            return None
-        return self.forward_ragged(new_ids.tolist())  # [B, k, V]
+        return self.forward_ragged(new_ids.tolist(), logits)  # [B, k, V]
 
     def forward_ragged(self, ids: list[list[int]], logits: bool = True) -> torch.Tensor | None:
         """Row b appends ids[b] (its own length) -> logits [B, max len, V], zero past each row's own

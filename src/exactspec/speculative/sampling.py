@@ -8,8 +8,6 @@ represented as a one-hot distribution so greedy is just the general rule on poin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from numpy.typing import ArrayLike
