@@ -21,13 +21,20 @@ def test_json_workload_is_shipped_data():
     assert not schema_valid('{"name": "x"}', schema) and not schema_valid("not json", schema)
 
 
-def test_constrained_rows_decode_the_same_tokens(embedded):
-    methods = build_methods(embedded, ["prompt-lookup"], [4], auto=False, hf=True, constrained=True)
+def test_constrained_rows_decode_the_same_tokens(embedded, embedded_llamacpp):
+    """The json workload's rows: HF generate (no grammar) is not run on it; the constrained rows, decoded
+    on llama.cpp (the CPU default backend), give the same tokens."""
+    with_hf = build_methods(embedded, ["prompt-lookup"], [4], auto=False, hf=True, constrained=True)
+    assert [m.method for m in methods_for(with_hf, constrained=True)] == [
+        "exactspec-plain", "exactspec-plain-unconstrained", "exactspec-spec", "exactspec-spec"]
+    assert "exactspec-plain-unconstrained" not in [m.method for m in methods_for(with_hf, constrained=False)]
+    embedded = embedded_llamacpp
+    methods = build_methods(embedded, ["prompt-lookup"], [4], auto=False, hf=False, constrained=True,
+                            backend="llama.cpp")
     on_json = methods_for(methods, constrained=True)
     assert [(m.method, m.drafter) for m in on_json] == [
         ("exactspec-plain", None), ("exactspec-plain-unconstrained", None), ("exactspec-spec", "none"),
-        ("exactspec-spec", "prompt-lookup")]  # HF generate has no grammar: not run on json
-    assert "exactspec-plain-unconstrained" not in [m.method for m in methods_for(methods, constrained=False)]
+        ("exactspec-spec", "prompt-lookup")]
     case = load_cases("json")[2]  # a tool call: many forced tokens, values copied from the prompt
     ids = embedded.encode(case.prompt)
     greedy = SamplingParams(temperature=0)
@@ -39,9 +46,10 @@ def test_constrained_rows_decode_the_same_tokens(embedded):
     assert forced_only.forced_accepted > 10 and forced_only.tokens_per_target_call > 1.2
 
 
-def test_json_rows(embedded):
-    methods = build_methods(embedded, [], [4], auto=False, hf=False, constrained=True)
-    rows = run_bench(embedded, methods, ["json"], [0.0], prompts_per_workload=1, reps=1, max_new_tokens=96)
+def test_json_rows(embedded_llamacpp):
+    embedded = embedded_llamacpp
+    methods = build_methods(embedded, [], [4], auto=False, hf=False, constrained=True, backend="llama.cpp")
+    rows = run_bench(embedded, methods, ["json"], [0.0], prompts_per_workload=1, reps=1, max_new_tokens=112)
     by = {(r["method"], r["drafter"]): r for r in rows}
     plain, free, forced = by[("exactspec-plain", None)], by[("exactspec-plain-unconstrained", None)], \
         by[("exactspec-spec", "none")]

@@ -4,6 +4,7 @@ and Monte-Carlo exactness on a tiny GGUF written here (its exact law enumerated 
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -50,6 +51,18 @@ def ours(engine, ids, gamma, draft, n=N_NEW, stats=None):
     return list(engine.stream_ids(ids, GREEDY, n, gamma, 0, stats, draft))
 
 
+@contextmanager
+def prefix_cached(engine):
+    """The engine's prefix cache on (as `serve` runs), off again after: the first of our runs on a prompt
+    prefills it, the others continue from its cached KV -- each still checked against llama.cpp's own
+    uncached generation."""
+    engine.set_prefix_cache(64)
+    try:
+        yield
+    finally:
+        engine.set_prefix_cache(None)
+
+
 # --- greedy identity on the embedded GGUF ------------------------------------------------------------
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[f"prompt{i}" for i in range(len(PROMPTS))])
 def test_greedy_identity_prompt_lookup(engine, prompt):
@@ -57,10 +70,12 @@ def test_greedy_identity_prompt_lookup(engine, prompt):
     ref = reference(engine, ids, 64 if len(ids) > 64 else N_NEW)
     assert len(ref) > 0
     assert ours(engine, ids, 0, "none", n=len(ref)) == ref, "our plain decoding != llama.cpp's generate"
-    for gamma in range(1, 7):
-        stats = Stats()
-        assert ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats) == ref, f"gamma={gamma}"
-        assert stats.target_calls > 0
+    with prefix_cached(engine):
+        for gamma in range(1, 7):
+            stats = Stats()
+            assert ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats) == ref, f"gamma={gamma}"
+            assert stats.target_calls > 0
+        assert stats.cached_tokens == len(ids) - 1
 
 
 @pytest.mark.parametrize("prompt", REAL_PROMPTS[:2], ids=["prompt0", "prompt1"])
@@ -343,16 +358,18 @@ def test_greedy_identity_long_proposals(engine):
     ref = reference(engine, ids, 80)
     # auto on this machine's own T(k) (identity), and on llama.cpp Q4_1's T(k) frozen (long runs: the
     # γ it picks must not depend on how busy the machine is while the test measures)
-    for gamma in (16, 32, "auto", "auto on Q4_1's T(k)"):
-        stats = Stats()
-        if gamma == "auto on Q4_1's T(k)":
-            out = list(decode(engine.target, PromptLookupDrafter(), ids, GREEDY, AutoGamma(q41_cost()), len(ref),
-                              None, stats))
-        else:
-            out = ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats)
-        assert out == ref, f"gamma={gamma}"
-        if gamma != "auto":
-            assert max(i for i, n in enumerate(stats.run_lengths) if n) >= 8, (gamma, stats.run_lengths)
+    with prefix_cached(engine):
+        for gamma in (16, 32, "auto", "auto on Q4_1's T(k)"):
+            stats = Stats()
+            if gamma == "auto on Q4_1's T(k)":
+                out = list(decode(engine.target, PromptLookupDrafter(), ids, GREEDY, AutoGamma(q41_cost()), len(ref),
+                                  None, stats))
+            else:
+                out = ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats)
+            assert out == ref, f"gamma={gamma}"
+            if gamma != "auto":
+                assert max(i for i, n in enumerate(stats.run_lengths) if n) >= 8, (gamma, stats.run_lengths)
+        assert stats.cached_tokens == len(ids) - 1
 
 
 def test_one_token_steps_equal_blocks_past_the_thread_split(engine):

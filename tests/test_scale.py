@@ -249,11 +249,14 @@ def _stream(base: str, i: int, log: list) -> None:
     log.append((i, replica, started, done, "".join(pieces), why, time.monotonic()))
 
 
+REQUESTS = 16  # 4 decode at once (2 replicas x 2 rows): at the kill, 10 or more are queued
+
+
 def test_killing_a_replica_loses_no_request_that_had_not_started(served, engine):
     refs = {i: engine.generate(prompt(i), max_new_tokens=90, temperature=0, chat_template=False).text
-            for i in range(24)}
+            for i in range(REQUESTS)}
     log: list = []
-    threads = [threading.Thread(target=_stream, args=(served, i, log)) for i in range(24)]
+    threads = [threading.Thread(target=_stream, args=(served, i, log)) for i in range(REQUESTS)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
@@ -266,7 +269,7 @@ def test_killing_a_replica_loses_no_request_that_had_not_started(served, engine)
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     for t in threads:
         t.join(120)
-    assert len(log) == 24
+    assert len(log) == REQUESTS
     for i, replica, started, ok, text, why, ended in log:
         if ok:
             assert text == refs[i], f"request {i} differs from the engine's output"
