@@ -94,6 +94,22 @@ def test_ragged_rows_score_their_own_tokens_only(lm):
         torch.testing.assert_close(step[b, :(1, 2, 1)[b]], alone(lm, kept, [[7], [8, 9], [10]][b]), atol=1e-3, rtol=0)
 
 
+def test_ragged_argmax_is_read_in_place_from_the_same_logits(lm):
+    """The batched greedy path (`forward_ragged_argmax`, no [B, k, V] array): over the same uneven rows
+    and llama_decode calls, each row's argmax is that of the logits `forward_ragged` returns."""
+    prompts = [list(range(5, 60)), list(range(100, 130)), list(range(7, 90))]
+    lm.reset(0)
+    for p in prompts:
+        lm.append_rows(p + [1])
+    feed = [list(range(11, 31)), [3], [40, 41, 42, 43, 44]]
+    out = lm.forward_ragged(feed)  # [3, 20, V]
+    lm.truncate_rows([len(p) for p in prompts])
+    assert lm.forward_ragged_argmax(feed) == [out[b, :len(f)].argmax(-1).tolist() for b, f in enumerate(feed)]
+    after = lm.forward_ragged([[7], [8], [9]])  # each row advanced by its own count
+    for b, (p, f) in enumerate(zip(prompts, feed)):
+        torch.testing.assert_close(after[b], alone(lm, p + f, [7 + b]), atol=1e-3, rtol=0)
+
+
 def test_prompts_of_different_lengths_prefill_unpadded(lm):
     """The loop's prefill of different prompts on this adapter: one forward_ragged without logits, each
     row only its own tokens (55, 30 and 83 over calls of 16 // 3 = 5 columns); every row then scores as

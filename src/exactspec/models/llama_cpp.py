@@ -399,16 +399,26 @@ class LlamaCppLM:
         self._decode_columns(ids, out)
         return torch.from_numpy(out)
 
-    def _decode_columns(self, ids: list[list[int]], out: np.ndarray | None) -> None:
+    def forward_ragged_argmax(self, ids: list[list[int]]) -> list[list[int]]:
+        """Row b appends ids[b] -> the argmax of each of its new positions' logits, read in place (no
+        [B, k, V] array is filled): the batched temperature-0 path, as `forward_argmax` is one row's."""
+        if len(ids) != self.batch_size:
+            raise ValueError(f"got {len(ids)} rows for a cache of {self.batch_size}")
+        found: list[list[int]] = [[] for _ in ids]
+        self._decode_columns(ids, found)
+        return found
+
+    def _decode_columns(self, ids: list[list[int]], out: np.ndarray | list[list[int]] | None) -> None:
         """Every row's tokens in llama_decode calls of up to n_batch tokens (columns c..c+n_batch//B of
-        each row), logits into out [B, width, V] (None: none computed)."""
+        each row), logits into out [B, width, V], or their argmax appended to out[b] (None: none computed)."""
         columns = max(1, self.n_batch // len(ids))
         for c in range(0, max(len(row) for row in ids), columns):
             self._decode_rows([row[c:c + columns] for row in ids], out, c)
 
-    def _decode_rows(self, ids: list[list[int]], out: np.ndarray | None, column: int) -> None:
+    def _decode_rows(self, ids: list[list[int]], out: np.ndarray | list[list[int]] | None, column: int) -> None:
         """One llama_decode of each row's tokens ids[b] (row b: sequence b, positions from its length;
-        rows may differ in length, or have none), row-major; their logits go to out[b, column:...]."""
+        rows may differ in length, or have none), row-major; their logits go to out[b, column:...] (or
+        their argmax onto the list out[b])."""
         end = max(length + len(row) for length, row in zip(self._lengths, ids))
         if end > self.max_length:
             raise ExactSpecError(f"context length {end} exceeds the model's {self.max_length} tokens")
@@ -422,9 +432,13 @@ class LlamaCppLM:
         self._lengths = [length + len(row) for length, row in zip(self._lengths, ids)]
         if out is not None:
             logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx), shape=(i, self.vocab_size))
+            picks = logits.argmax(-1).tolist() if isinstance(out, list) else None  # [i]
             i = 0
             for b, row in enumerate(ids):
-                out[b, column:column + len(row)] = logits[i:i + len(row)]
+                if picks is not None:
+                    out[b] += picks[i:i + len(row)]
+                else:
+                    out[b, column:column + len(row)] = logits[i:i + len(row)]
                 i += len(row)
 
     def _run(self, n: int, starts: list[tuple[int, int]]) -> None:

@@ -157,6 +157,8 @@ class BatchDecoder:
         feed = [[row.context[-1], *d.ids] for row, d in zip(rows, drafts)]
         if self._argmax_forward is not None and len(rows) == 1 and not rows[0].rule.needs_logits:
             return Scored(rows, drafts, argmax=[self._argmax_forward(feed[0])])
+        if self._ragged and not any(row.rule.needs_logits for row in rows):  # greedy rows: argmax in place
+            return Scored(rows, drafts, argmax=self.target.forward_ragged_argmax(feed))
         if self._ragged:
             return Scored(rows, drafts, logits=self.target.forward_ragged(feed))  # [A, K+1, V]
         width = max(len(ids) for ids in feed)
