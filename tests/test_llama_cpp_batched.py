@@ -56,6 +56,15 @@ def alone(lm: LlamaCppLM, ids: list[int], feed: list[int]) -> torch.Tensor:
 
 
 # --- the adapter's row operations ------------------------------------------------------------------
+def three_rows(lm: LlamaCppLM) -> list[list[int]]:
+    """A cache of three rows holding prompts of 55, 30 and 83 tokens -> the prompts."""
+    prompts = [list(range(5, 60)), list(range(100, 130)), list(range(7, 90))]
+    lm.reset(0)
+    for p in prompts:
+        lm.append_rows(p + [1])
+    return prompts
+
+
 def test_rows_are_sequences_with_their_own_lengths(lm):
     """Rows of uneven lengths advance together (27 tokens: 3 llama_decode calls of n_batch 16), roll back
     by different amounts and advance again: each row as if it had been evaluated alone."""
@@ -79,10 +88,7 @@ def test_ragged_rows_score_their_own_tokens_only(lm):
     """Rows of 20, 1 and 5 new tokens in one forward (columns of 16 // 3 = 5: 4 llama_decode calls, the
     later ones without the short rows): each row's logits as alone, zero past its own tokens, and each
     row's length advanced by its own count (a step after a rollback lands where it would alone)."""
-    prompts = [list(range(5, 60)), list(range(100, 130)), list(range(7, 90))]
-    lm.reset(0)
-    for p in prompts:
-        lm.append_rows(p + [1])
+    prompts = three_rows(lm)
     feed = [list(range(11, 31)), [3], [40, 41, 42, 43, 44]]
     out = lm.forward_ragged(feed)  # [3, 20, V]
     assert out.shape == (3, 20, lm.vocab_size) and not out[1, 1:].any() and not out[2, 5:].any()
@@ -97,10 +103,7 @@ def test_ragged_rows_score_their_own_tokens_only(lm):
 def test_ragged_argmax_is_read_in_place_from_the_same_logits(lm):
     """The batched greedy path (`forward_ragged_argmax`, no [B, k, V] array): over the same uneven rows
     and llama_decode calls, each row's argmax is that of the logits `forward_ragged` returns."""
-    prompts = [list(range(5, 60)), list(range(100, 130)), list(range(7, 90))]
-    lm.reset(0)
-    for p in prompts:
-        lm.append_rows(p + [1])
+    prompts = three_rows(lm)
     feed = [list(range(11, 31)), [3], [40, 41, 42, 43, 44]]
     out = lm.forward_ragged(feed)  # [3, 20, V]
     lm.truncate_rows([len(p) for p in prompts])
