@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # The suite runs servers, clients and CLI subprocesses side by side on two cores: parked OpenMP threads
 # keep them from starving one another. (Not the library's default: a single generating process is
@@ -36,6 +38,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@contextmanager
+def prefix_cached(engine, budget_mb: float = 64) -> Iterator[None]:
+    """The engine's prefix cache on (as `serve` runs it), off again afterwards: session engines are shared."""
+    engine.set_prefix_cache(budget_mb)
+    try:
+        yield
+    finally:
+        engine.set_prefix_cache(None)
 
 
 @pytest.fixture(scope="session")

@@ -28,28 +28,28 @@ def test_constrained_rows_decode_the_same_tokens(embedded, embedded_llamacpp):
     assert [m.method for m in methods_for(with_hf, constrained=True)] == [
         "exactspec-plain", "exactspec-plain-unconstrained", "exactspec-spec", "exactspec-spec"]
     assert "exactspec-plain-unconstrained" not in [m.method for m in methods_for(with_hf, constrained=False)]
-    embedded = embedded_llamacpp
-    methods = build_methods(embedded, ["prompt-lookup"], [4], auto=False, hf=False, constrained=True,
+    engine = embedded_llamacpp
+    methods = build_methods(engine, ["prompt-lookup"], [4], auto=False, hf=False, constrained=True,
                             backend="llama.cpp")
     on_json = methods_for(methods, constrained=True)
     assert [(m.method, m.drafter) for m in on_json] == [
         ("exactspec-plain", None), ("exactspec-plain-unconstrained", None), ("exactspec-spec", "none"),
         ("exactspec-spec", "prompt-lookup")]
     case = load_cases("json")[2]  # a tool call: many forced tokens, values copied from the prompt
-    ids = embedded.encode(case.prompt)
+    ids = engine.encode(case.prompt)
     greedy = SamplingParams(temperature=0)
     out = {(m.method, m.drafter): m.run(ids, greedy, 90, 0, case.response_format) for m in on_json}
     constrained = [v for k, v in out.items() if k[0] != "exactspec-plain-unconstrained"]
     assert all(o[0] == constrained[0][0] for o in constrained)  # greedy identity under the grammar
-    assert schema_valid(embedded.tokenizer.decode(constrained[0][0], skip_special_tokens=True), case.response_format)
+    assert schema_valid(engine.tokenizer.decode(constrained[0][0], skip_special_tokens=True), case.response_format)
     forced_only = out[("exactspec-spec", "none")][2]
     assert forced_only.forced_accepted > 10 and forced_only.tokens_per_target_call > 1.2
 
 
 def test_json_rows(embedded_llamacpp):
-    embedded = embedded_llamacpp
-    methods = build_methods(embedded, [], [4], auto=False, hf=False, constrained=True, backend="llama.cpp")
-    rows = run_bench(embedded, methods, ["json"], [0.0], prompts_per_workload=1, reps=1, max_new_tokens=112)
+    engine = embedded_llamacpp
+    methods = build_methods(engine, [], [4], auto=False, hf=False, constrained=True, backend="llama.cpp")
+    rows = run_bench(engine, methods, ["json"], [0.0], prompts_per_workload=1, reps=1, max_new_tokens=112)
     by = {(r["method"], r["drafter"]): r for r in rows}
     plain, free, forced = by[("exactspec-plain", None)], by[("exactspec-plain-unconstrained", None)], \
         by[("exactspec-spec", "none")]

@@ -4,7 +4,6 @@ and Monte-Carlo exactness on a tiny GGUF written here (its exact law enumerated 
 from __future__ import annotations
 
 import itertools
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ from exactspec.speculative.loop import decode  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams, warp  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 
-from .conftest import TINY_VOCAB, tiny_llama  # noqa: E402
+from .conftest import TINY_VOCAB, prefix_cached, tiny_llama  # noqa: E402
 from .test_exactness import CONTROL_SAMPLES, LENGTH, PROMPT, always_accept, chi_square_p, sample_counts  # noqa: E402
 from .test_greedy import REAL_PROMPTS  # noqa: E402
 from .test_longruns import q41_cost  # noqa: E402
@@ -51,18 +50,6 @@ def ours(engine, ids, gamma, draft, n=N_NEW, stats=None):
     return list(engine.stream_ids(ids, GREEDY, n, gamma, 0, stats, draft))
 
 
-@contextmanager
-def prefix_cached(engine):
-    """The engine's prefix cache on (as `serve` runs), off again after: the first of our runs on a prompt
-    prefills it, the others continue from its cached KV -- each still checked against llama.cpp's own
-    uncached generation."""
-    engine.set_prefix_cache(64)
-    try:
-        yield
-    finally:
-        engine.set_prefix_cache(None)
-
-
 # --- greedy identity on the embedded GGUF ------------------------------------------------------------
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[f"prompt{i}" for i in range(len(PROMPTS))])
 def test_greedy_identity_prompt_lookup(engine, prompt):
@@ -70,7 +57,7 @@ def test_greedy_identity_prompt_lookup(engine, prompt):
     ref = reference(engine, ids, 64 if len(ids) > 64 else N_NEW)
     assert len(ref) > 0
     assert ours(engine, ids, 0, "none", n=len(ref)) == ref, "our plain decoding != llama.cpp's generate"
-    with prefix_cached(engine):
+    with prefix_cached(engine):  # the first run prefills, the others continue from its KV: each vs llama.cpp's own
         for gamma in range(1, 7):
             stats = Stats()
             assert ours(engine, ids, gamma, "prompt-lookup", n=len(ref), stats=stats) == ref, f"gamma={gamma}"

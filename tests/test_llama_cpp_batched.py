@@ -20,7 +20,7 @@ from exactspec.speculative.loop import decode_batch  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.speculative.verify import verify  # noqa: E402
 
-from .conftest import TINY_VOCAB, tiny_llama  # noqa: E402
+from .conftest import TINY_VOCAB, prefix_cached, tiny_llama  # noqa: E402
 from .test_exactness import CONTROL_SAMPLES, LENGTH, PROMPT, SAMPLES, always_accept, chi_square_p  # noqa: E402
 from .test_llama_cpp import backend_law, write_tiny_gguf  # noqa: E402
 
@@ -214,13 +214,10 @@ def test_prefix_cache_serves_every_row(engine):
     shared = "You are a careful assistant. Answer briefly and precisely. " * 6
     prompts = [shared + q for q in ("Name a fruit.", "Name a tree.", "Name a river.")]
     plain, _ = engine.generate_batch(prompts, max_new_tokens=16, temperature=0)
-    engine.set_prefix_cache(64)
-    try:
+    with prefix_cached(engine):
         engine.generate(prompts[0], max_new_tokens=4, temperature=0)  # the shared prefix is now cached
         cached, _ = engine.generate_batch(prompts, max_new_tokens=16, temperature=0)
         assert all(r.stats.cached_tokens > 20 for r in cached)
-    finally:
-        engine.set_prefix_cache(0)
     assert [r.token_ids for r in cached] == [r.token_ids for r in plain]
 
 

@@ -9,6 +9,8 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not instal
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 
+from .conftest import prefix_cached  # noqa: E402
+
 SYSTEM = "You are an agent. Tools: search(q), read(url). Reply with a JSON tool call or a short summary."
 TOOL = ['search: {"hits": ["Paris is the capital of France", "Lyon is a city"]}', "read: Paris has 2.1 million people."]
 
@@ -36,12 +38,9 @@ def agent_loop(engine, params, gamma, seed=0):
 def test_cached_equals_uncached_on_llama_cpp(engine, params, gamma):
     engine.set_prefix_cache(None)
     plain, _ = agent_loop(engine, params, gamma)
-    engine.set_prefix_cache(32)
-    try:
+    with prefix_cached(engine, 32):
         cached, stats = agent_loop(engine, params, gamma)
         again, again_stats = agent_loop(engine, params, gamma)  # the whole first step is cached now
-    finally:
-        engine.set_prefix_cache(None)
     assert cached == plain == again
     assert stats[1].cached_tokens > 0 and again_stats[0].cached_tokens > 0
     assert all(s.cached_tokens + s.prefill_tokens > 0 for s in stats)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from .conftest import prefix_cached
 from .test_server import CHAT, MODEL, _running, metric
 
 SYSTEM = ("You are a careful agent. Tools: search(query) returns documents; read(url) returns a page; "
@@ -37,11 +38,8 @@ def cached_server(embedded):
         users=[embedded.generate(conversation([f"Question {i}: what is {i} + {i}?"]), max_new_tokens=8,
                                  temperature=0) for i in range(4)],
     )
-    embedded.set_prefix_cache(64)
-    try:
+    with prefix_cached(embedded):
         yield from _running(create_app(embedded, model_name=MODEL), refs)
-    finally:
-        embedded.set_prefix_cache(None)
 
 
 def test_agent_turns_reuse_the_history_and_equal_uncached(cached_server):
