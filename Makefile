@@ -31,7 +31,7 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/exactspec generate - --compare --max-new-tokens 160 < examples/type-hints.txt
 
-# Two workers, one per core, each taking whole test files (module fixtures load once): 11-12 min here, against
+# Two workers, one per core, each taking whole test files (module fixtures load once): 11-13 min here, against
 # 20 one after another. One file alone: .venv/bin/python -m pytest tests/test_server.py
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
