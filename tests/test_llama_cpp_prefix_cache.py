@@ -50,19 +50,28 @@ def test_agent_steps_over_long_history_equal_uncached(engine):
     """Two agent steps over a ~700-token history: with an f16 cache llama.cpp's one-token decode steps
     write KV that differs in its last bits from a prefill of the same tokens, which once flipped a greedy
     choice here; the generated KV is cached only where the load-time check found the cells equal
-    (`cache_generated_kv`), else only the prompt's, so the outputs stay identical either way."""
-    from exactspec.bench.agent import exactspec_agent_method, load_agent_workload, replay
+    (`cache_generated_kv`), else only the prompt's, so the outputs stay identical either way. The first
+    step starts from an empty cache (an uncached run by construction); the second, which continues from
+    the cache, is compared with the same step decoded without one."""
+    from exactspec.bench.agent import TOOL_PREFIX, exactspec_agent_method, load_agent_workload, replay
 
     workload = load_agent_workload()
+    transcript = workload["transcripts"][0]
     greedy = SamplingParams(temperature=0)
-    runs = []
-    for mb in (0, 32):
-        steps = replay(exactspec_agent_method(engine, None, 0, mb), workload, workload["transcripts"][0], greedy,
-                       24, 0, steps=2)
-        runs.append([s.text for s in steps])
-        if mb and engine.target.cache_generated_kv:  # the first step's prompt and (some of) its answer
-            assert steps[1].cached_tokens > steps[0].prompt_tokens - 1
-        elif mb:
-            assert steps[1].cached_tokens == steps[0].prompt_tokens - 1  # the first step's prompt
+    steps = replay(exactspec_agent_method(engine, None, 0, 32), workload, transcript, greedy, 24, 0, steps=2)
+    assert steps[0].cached_tokens == 0
+    if engine.target.cache_generated_kv:  # the first step's prompt and (some of) its answer
+        assert steps[1].cached_tokens > steps[0].prompt_tokens - 1
+    else:
+        assert steps[1].cached_tokens == steps[0].prompt_tokens - 1  # the first step's prompt
+    uncached = exactspec_agent_method(engine, None, 0, 0)
+    uncached.begin()
+    messages = [{"role": "system", "content": workload["system"]}, {"role": "user", "content": transcript["task"]},
+                {"role": "assistant", "content": "I will use the tools step by step."},
+                {"role": "user", "content": TOOL_PREFIX + transcript["steps"][0]},
+                {"role": "assistant", "content": steps[0].text},
+                {"role": "user", "content": TOOL_PREFIX + transcript["steps"][1]}]
+    again = uncached.step(messages, greedy, 24, 1)  # replay's seed for step 2
     engine.set_prefix_cache(None)
-    assert runs[0] == runs[1]
+    assert again.cached_tokens == 0 and again.prompt_tokens == steps[1].prompt_tokens
+    assert again.text == steps[1].text
