@@ -4,9 +4,11 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 # uv installs the pinned packages (from its cache into a new venv in seconds, where pip took ~2.5 min);
-# PIP_FIND_LINKS (a folder of local wheels, e.g. torch's CPU wheel) is passed on to it.
+# PIP_FIND_LINKS (a folder of local wheels, e.g. torch's CPU wheel) is passed on to it. --compile-bytecode
+# as pip does: without .pyc files every first import compiles (Ray's workers each, at once: the Ray tests
+# took twice as long in a fresh clone).
 UV_VERSION := 0.13.9
-INSTALL := $(VENV)/bin/uv pip install -q --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+INSTALL := $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
 # The llama.cpp engine (the CPU default for GGUF targets) compiles once from llama-cpp-python's sdist,
 # trimmed to the library exactspec binds: no multimodal (mtmd), tools, examples, tests, server, nor the
