@@ -53,7 +53,7 @@ def test_agent_steps_over_long_history_equal_uncached(engine):
     (`cache_generated_kv`), else only the prompt's, so the outputs stay identical either way. The first
     step starts from an empty cache (an uncached run by construction); the second, which continues from
     the cache, is compared with the same step decoded without one."""
-    from exactspec.bench.agent import TOOL_PREFIX, exactspec_agent_method, load_agent_workload, replay
+    from exactspec.bench.agent import TOOL_PREFIX, exactspec_agent_method, load_agent_workload, opening, replay
 
     workload = load_agent_workload()
     transcript = workload["transcripts"][0]
@@ -66,11 +66,9 @@ def test_agent_steps_over_long_history_equal_uncached(engine):
         assert steps[1].cached_tokens == steps[0].prompt_tokens - 1  # the first step's prompt
     uncached = exactspec_agent_method(engine, None, 0, 0)
     uncached.begin()
-    messages = [{"role": "system", "content": workload["system"]}, {"role": "user", "content": transcript["task"]},
-                {"role": "assistant", "content": "I will use the tools step by step."},
-                {"role": "user", "content": TOOL_PREFIX + transcript["steps"][0]},
-                {"role": "assistant", "content": steps[0].text},
-                {"role": "user", "content": TOOL_PREFIX + transcript["steps"][1]}]
+    messages = opening(workload, transcript) + [
+        {"role": "user", "content": TOOL_PREFIX + transcript["steps"][0]}, {"role": "assistant", "content": steps[0].text},
+        {"role": "user", "content": TOOL_PREFIX + transcript["steps"][1]}]
     again = uncached.step(messages, greedy, 24, 1)  # replay's seed for step 2
     engine.set_prefix_cache(None)
     assert again.cached_tokens == 0 and again.prompt_tokens == steps[1].prompt_tokens

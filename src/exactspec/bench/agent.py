@@ -80,14 +80,20 @@ def load_agent_repeat() -> dict:
             "transcripts": sessions, "continuous": True}
 
 
+def opening(workload: dict, transcript: dict) -> list[dict]:
+    """A session's first messages, before its first tool output: the system prompt, the task, the
+    agent's first answer (each step then appends a tool output and the answer to it)."""
+    return [{"role": "system", "content": workload["system"]}, {"role": "user", "content": transcript["task"]},
+            {"role": "assistant", "content": "I will use the tools step by step."}]
+
+
 def replay(method: AgentMethod, workload: dict, transcript: dict, params: SamplingParams, max_new_tokens: int,
            seed: int, steps: int | None = None, begin: bool = True) -> list[Step]:
     """Run one transcript's steps against `method`, appending its own answers to the history. `begin`:
     start from empty caches (False: a server's next session, after the ones before it)."""
     if begin:
         method.begin()
-    messages = [{"role": "system", "content": workload["system"]}, {"role": "user", "content": transcript["task"]},
-                {"role": "assistant", "content": "I will use the tools step by step."}]
+    messages = opening(workload, transcript)
     out = []
     for i, tool in enumerate(transcript["steps"][:steps]):
         messages.append({"role": "user", "content": TOOL_PREFIX + tool})

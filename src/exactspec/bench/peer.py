@@ -136,12 +136,11 @@ def run_workload(url: str, workload: str, extra: dict, concurrency: int) -> tupl
     """One round of a workload against one server row -> (seconds, completion tokens, texts)."""
     start_s, texts, tokens = time.perf_counter(), [], 0
     if workload == "agent":
-        from .agent import TOOL_PREFIX, load_agent_workload  # imports torch: not at the CLI's start
+        from .agent import TOOL_PREFIX, load_agent_workload, opening  # imports torch: not at the CLI's start
 
         work = load_agent_workload()
         for transcript in work["transcripts"]:
-            messages = [{"role": "system", "content": work["system"]}, {"role": "user", "content": transcript["task"]},
-                        {"role": "assistant", "content": "I will use the tools step by step."}]
+            messages = opening(work, transcript)
             for tool in transcript["steps"]:
                 messages.append({"role": "user", "content": TOOL_PREFIX + tool})
                 text, n = chat(url, messages, work["max_new_tokens"], extra)
