@@ -29,7 +29,7 @@ from .conftest import tiny_llama
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'exactspec[ray]'")
 serve = pytest.importorskip("ray.serve")
 
-from exactspec.scale import batch, require_ray  # noqa: E402
+from exactspec.scale import batch, init_ray, require_ray  # noqa: E402
 from exactspec.scale.routing import PrefixTable, routing_text  # noqa: E402
 from exactspec.scale.serve import REPLICA_HEADER, Replicas, merge_metrics  # noqa: E402
 from exactspec.scale.serve import run as serve_run  # noqa: E402
@@ -80,7 +80,7 @@ def engine(tiny_dir):
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray cluster for the module: 4 logical CPUs (2 replicas + 2 batch workers) on 2 cores."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    init_ray(None, num_cpus=4)
     yield
     serve.shutdown()
     ray.shutdown()

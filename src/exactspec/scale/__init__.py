@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from ..errors import ExactSpecError
 
+PROXY_READY_S = 30  # how long Serve's controller waits for a starting HTTP proxy on a private cluster
+
 
 def require_ray(*extras: str):
     """`import ray` (and `ray.<extra>` for each extra, e.g. "serve", "data"), or one clear error."""
@@ -40,6 +42,9 @@ def init_ray(address: str | None, num_cpus: float | None = None):
         return ray
     try:
         if address is None:
+            # Serve kills an HTTP proxy not ready within 5 s; on a busy 2-core machine its imports take
+            # longer, and `serve.start` then fails. The private cluster's processes inherit this.
+            os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))
             cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
             ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
         else:
