@@ -82,8 +82,7 @@ def cluster():
     """One local Ray cluster for the module: 4 logical CPUs (2 replicas + 2 batch workers) on 2 cores."""
     init_ray(None, num_cpus=4)
     yield
-    serve.shutdown()
-    ray.shutdown()
+    ray.shutdown()  # ends the private cluster, Serve with it (serve.shutdown() first waited 6 s on the replicas)
 
 
 @pytest.fixture(scope="module")
