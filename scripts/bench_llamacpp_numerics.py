@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from exactspec.device import cpu_name
+from exactspec.device import cpu_label
 from exactspec.embedded import embedded_model_path
 from exactspec.models.llama_cpp import load_llama_cpp
 from exactspec.models.llama_cpp_numerics import BLOCK, CANDIDATES, LONG, block_vs_steps
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     path = args.target or embedded_model_path()
-    print(f"CPU: {cpu_name()}; threads {args.threads}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
+    print(f"CPU: {cpu_label()}; threads {args.threads}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
     models = {}
     for setting in CANDIDATES:
         lm = load_llama_cpp(path, n_ctx=2048, threads=args.threads, **setting.llama_kwargs())

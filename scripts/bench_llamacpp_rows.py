@@ -14,7 +14,7 @@ import time
 
 import exactspec
 from exactspec.bench.workloads import load_workload
-from exactspec.device import cpu_name
+from exactspec.device import cpu_label
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
                    "chat (--rows chat prompts), edit (--rows edit prompts: copies)")
     args = p.parse_args()
     engine = exactspec.load(rows=args.rows, threads=args.threads)
-    print(f"{cpu_name()}; backend {engine.backend}; rows {engine.target.max_rows} "
+    print(f"{cpu_label()}; backend {engine.backend}; rows {engine.target.max_rows} "
           f"(batched: {engine.target.batched}); {engine.runtime()['greedy_identity']}")
     chats = load_workload("chat")
     edits = load_workload("edit")

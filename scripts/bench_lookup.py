@@ -17,7 +17,7 @@ import time
 import types
 
 from exactspec.bench.agent import load_agent_workload
-from exactspec.device import cpu_name
+from exactspec.device import cpu_label
 from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from exactspec.models.torch_hf import load_tokenizer
 from exactspec.embedded import embedded_model_path
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1000,8000,32000")
     ap.add_argument("--proposals", type=int, default=200)
     args = ap.parse_args()
-    print(f"CPU: {cpu_name()}; one proposal = append 1 token + propose 16")
+    print(f"CPU: {cpu_label()}; one proposal = append 1 token + propose 16")
     for n in [int(x) for x in args.tokens.split(",")]:
         context = history(n)
         old = per_proposal(old_drafter(args.old), context, args.proposals)

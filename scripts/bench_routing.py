@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import socket
 import statistics
 import sys
@@ -29,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from exactspec.device import cpu_label
 from exactspec.scale import init_ray
 from exactspec.scale.serve import APP_NAME, REPLICA_HEADER, Replicas, application
 
@@ -41,14 +41,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def first_messages(session: int, round_: int) -> list[dict]:
@@ -137,7 +129,7 @@ def main() -> int:
         serve.delete(APP_NAME)
         print(f"[{routing}: {json.dumps({k: v for k, v in results[routing].items() if k != 'logs'})}]",
               file=sys.stderr)
-    print(f"\n{cpu_name()}, {args.sessions} sessions x {args.steps} steps interleaved, {args.rounds} round(s), "
+    print(f"\n{cpu_label()}, {args.sessions} sessions x {args.steps} steps interleaved, {args.rounds} round(s), "
           f"2 replicas x 1 CPU (1 thread), embedded target on llama.cpp, {args.max_tokens} tokens per step")
     print("| routing | cached share of re-sent tokens (worst session) | step 2+ median s | step 1 median s | moves |")
     print("|---|---|---|---|---|")
@@ -146,7 +138,7 @@ def main() -> int:
               f"{r['step_seconds_median']:.2f} | {r['first_step_seconds_median']:.2f} | {r['moves']}/{r['steps']} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(cpu=cpu_name(), args=vars(args), results=results), f, indent=1)
+            json.dump(dict(cpu=cpu_label(), args=vars(args), results=results), f, indent=1)
     serve.shutdown()
     return 0
 

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from exactspec import device
 from exactspec.device import describe, resolve_device, resolve_dtype
 from exactspec.embedded import embedded_model_path
 from exactspec.errors import ExactSpecError
@@ -95,6 +96,27 @@ def test_layout_pick_prefers_the_fastest_step_then_the_fastest_block():
     assert layouts.pick([trial("bfloat16-invariant", False, None, None),
                          trial("float32-invariant", True, 60.0, 61.0)]).layout == "float32-invariant"
     assert layouts.pick([trial("float32", False, None, None)]).exact is False
+
+
+@pytest.mark.parametrize("model,flags,label", [
+    ("1", "fpu avx2 fma", "AMD EPYC (family 25 model 1; flags: avx2)"),
+    ("17", "avx2 avx512f avx512_bf16 avx512_vnni", "AMD EPYC (family 25 model 17; flags: avx2 avx512_bf16 avx512_vnni avx512f)"),
+])
+def test_figures_name_the_cpu_beyond_its_model_name(monkeypatch, model, flags, label):
+    """One VM reported "AMD EPYC" as a Zen 3 (AVX2) one day and a Zen 4 (AVX-512 BF16) the next: the
+    label every figure carries tells them apart (the field "model" is not the prefix of "model name")."""
+    info = {"model name": "AMD EPYC", "cpu family": "25", "model": model, "flags": flags}
+    monkeypatch.setattr(device, "_cpuinfo", info.get)
+    assert device.cpu_label() == label
+    assert label in describe(torch.device("cpu"), torch.float32)
+
+
+def test_cpuinfo_fields_are_read_by_their_whole_name(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text("model name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu avx2\n")  # "model" after "model name"
+    read = lambda field: device._cpuinfo(field, str(path))  # noqa: E731
+    assert (read("cpu family"), read("model"), read("model name"), read("flags")) == ("25", "1", "AMD EPYC", "fpu avx2")
+    assert read("stepping") is None and device._cpuinfo("model", str(tmp_path / "none")) is None
 
 
 def test_auto_choices_follow_the_hardware():

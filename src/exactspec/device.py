@@ -41,13 +41,14 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     raise ExactSpecError(f"unknown device {spec!r}: choose auto, cpu, cuda or cuda:N")
 
 
-def _cpuinfo(field: str) -> str | None:
+def _cpuinfo(field: str, path: str = "/proc/cpuinfo") -> str | None:
     """The first value of `field` in /proc/cpuinfo (None where there is none)."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith(field):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip() == field:
+                    return value.strip()
     except OSError:
         pass
     return None
@@ -78,15 +79,23 @@ def describe(device: torch.device, dtype: torch.dtype, layout=None) -> str:
     name = str(dtype).removeprefix("torch.")
     if device.type == "cuda":
         return f"device {device} ({torch.cuda.get_device_name(device)}), dtype {name}"
-    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", *BF16_FLAGS, "amx_tile", "amx_int8"})
     chosen = f"; dtype auto chose {layout.describe()}" if layout is not None else ""
-    return (f"device cpu ({cpu_name()}, {torch.backends.cpu.get_cpu_capability()}; flags: "
-            f"{' '.join(flags) or 'none'}), dtype {name}{chosen}")
+    return f"device cpu ({cpu_label()}, {torch.backends.cpu.get_cpu_capability()}), dtype {name}{chosen}"
 
 
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
     return _cpuinfo("model name") or "unknown CPU"
+
+
+def cpu_label() -> str:
+    """The CPU as a figure should name it: model name, family and model, vector flags. The name alone is
+    ambiguous: a VM's "AMD EPYC" has been an AVX2-only Zen 3 (family 25 model 1) one day and an AVX-512
+    BF16 Zen 4 (family 25 model 17) another, with other speeds and another dtype self-test result."""
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model")
+    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", *BF16_FLAGS, "amx_tile", "amx_int8"})
+    where = f"family {family} model {model}; " if family and model else ""
+    return f"{cpu_name()} ({where}flags: {' '.join(flags) or 'none'})"
 
 
 def device_of(model) -> torch.device:

@@ -13,7 +13,7 @@ import torch
 
 from . import progress
 from .cachedir import file_identity
-from .device import cpu_name, describe, resolve_device, resolve_dtype
+from .device import cpu_label, describe, resolve_device, resolve_dtype
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
 from .models import fast_llama
@@ -220,4 +220,4 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
         check_same_vocab(target, draft_lm, tokenizer, draft)
         draft = "model"
     return Loaded(target, tokenizer, draft, draft_lm, "cpu", "gguf",
-                  hardware=f"llama.cpp on the CPU ({cpu_name()}), the GGUF's own weight types", backend="llama.cpp")
+                  hardware=f"llama.cpp on the CPU ({cpu_label()}), the GGUF's own weight types", backend="llama.cpp")

@@ -189,7 +189,7 @@ def _bench_peer(args: argparse.Namespace) -> int:
     import shlex
     import tempfile
 
-    from ..device import cpu_name
+    from ..device import cpu_label
     from ..embedded import embedded_model_path
     from ..models.llama_cpp import default_threads
     from .peer import WORKLOADS, environment, peer_table, run_peer_bench, servers
@@ -204,11 +204,11 @@ def _bench_peer(args: argparse.Namespace) -> int:
     threads = args.threads or default_threads()
     spec = tuple(f.strip() for f in args.peer_spec.split(";") if f.strip())
     say = lambda text: print(f"exactspec: peer bench: {text}", file=sys.stderr, flush=True)  # noqa: E731
-    say(f"{cpu_name()}, {threads} threads, {environment()}")
+    say(f"{cpu_label()}, {threads} threads, {environment()}")
     with tempfile.TemporaryDirectory(prefix="exactspec-peer-") as logs:
         rows = run_peer_bench(servers(args.peer, gguf, threads, spec, shlex.split(args.peer_args)), workloads,
                               args.reps, log_dir=logs, say=say)
-    report = {"hardware": f"{cpu_name()}, {threads} threads", "environment": environment(), "rows": rows}
+    report = {"hardware": f"{cpu_label()}, {threads} threads", "environment": environment(), "rows": rows}
     print(json.dumps(report) if args.json else f"{peer_table(rows)}\n\n{report['hardware']}; {report['environment']}")
     return 0
 
