@@ -42,7 +42,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
 
 
 def _cpuinfo(field: str, path: str = "/proc/cpuinfo") -> str | None:
-    """The first value of `field` in /proc/cpuinfo (None where there is none)."""
+    """The first value of `field` in /proc/cpuinfo, or a file of its format (None where there is none)."""
     try:
         with open(path) as f:
             for line in f:
