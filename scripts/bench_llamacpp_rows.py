@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Batched rows on llama.cpp against the one-row path: n samples of one prompt (T = 0.7), B different
 chat prompts and B edit prompts (T = 0), decoded as rows of one batch vs one after another on the same engine; plain
-(gamma 0) and the default (prompt lookup, gamma auto); repetitions interleave the methods.
+(gamma 0) and the default (prompt lookup, gamma auto); repetitions interleave the methods. First it
+measures the ceiling batching has on this CPU: a step of B rows needs B rows of logits, so plain batched
+decoding gains at most B·T(1)/T(B rows) over one row, however it is scheduled.
 
     .venv/bin/python scripts/bench_llamacpp_rows.py --rows 8 --reps 3 --max-new-tokens 96
 """
@@ -12,9 +14,34 @@ import argparse
 import statistics
 import time
 
+import torch
+
 import exactspec
 from exactspec.bench.workloads import load_workload
 from exactspec.device import cpu_label
+
+
+def decode_ceiling(lm, rows: int, context: int = 40, reps: int = 25) -> tuple[float, float]:
+    """Median ms of one row's one-token step and of one step of `rows` rows x 1 token (every row's logits),
+    each at a `context`-token prefix; the cache is left empty."""
+    prompt = list(range(100, 100 + context))
+
+    def median_ms(step) -> float:
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1000
+
+    lm.reset(1)
+    lm.prefill(torch.tensor([prompt]))
+    one = median_ms(lambda: (lm.forward(torch.tensor([[7]])), lm.truncate(context)))
+    lm.reset(rows)
+    lm.forward_ragged([prompt] * rows, logits=False)
+    many = median_ms(lambda: (lm.forward_ragged([[7]] * rows), lm.truncate_rows([context] * rows)))
+    lm.reset(1)
+    return one, many
 
 
 def main() -> None:
@@ -29,6 +56,11 @@ def main() -> None:
     engine = exactspec.load(rows=args.rows, threads=args.threads)
     print(f"{cpu_label()}; backend {engine.backend}; rows {engine.target.max_rows} "
           f"(batched: {engine.target.batched}); {engine.runtime()['greedy_identity']}")
+    if engine.target.batched:
+        one, many = decode_ceiling(engine.target, engine.target.max_rows)
+        B = engine.target.max_rows
+        print(f"T(1) {one:.1f} ms, one step of {B} rows {many:.1f} ms: plain batched decoding gains at most "
+              f"{B * one / many:.2f}x over one row here (prefill and finished rows take more of it)")
     chats = load_workload("chat")
     edits = load_workload("edit")
     cases = {"samples": ("n samples, T=0.7", [chats[0]], args.rows, 0.7),

@@ -77,3 +77,15 @@ def embedded_llamacpp():
     from exactspec.engine import llamacpp_engine
 
     return llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_rows():
+    """The embedded GGUF on llama.cpp as `serve` runs it on a CPU: 16 rows of 1,024 tokens, batched. The
+    server and `exactspec batch` tests run on it (a step costs ~1/6 of the torch fp32 engine's here); the
+    torch backend's server paths keep their own tests (test_server.py, test_hostile.py)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
+    from exactspec.embedded import embedded_model_path
+    from exactspec.engine import llamacpp_engine
+
+    return llamacpp_engine(embedded_model_path(), n_ctx=1024, threads=2, rows=16)

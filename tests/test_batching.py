@@ -1,6 +1,7 @@
 """The one scheduler (batching.py): jobs of mixed settings share one batch, each exactly what it is
 alone; and `exactspec batch` (scale/batch.py) sends every line through the server's translation, so
-each field of the request schema is honoured or refused for that line alone — never dropped."""
+each field of the request schema is honoured or refused for that line alone — never dropped. They
+decode on the embedded GGUF's 16-row llama.cpp engine (what `serve` and `batch` run on a CPU)."""
 
 from __future__ import annotations
 
@@ -27,18 +28,18 @@ def job(engine, prompt, seed: int | None = None, chat_template: bool = False, **
     return Job(engine.new_result(prompt, chat_template), engine.request(**settings), seed)
 
 
-def test_mixed_settings_share_one_batch_each_as_alone(embedded):
+def test_mixed_settings_share_one_batch_each_as_alone(llamacpp_rows):
     """Greedy, sampled, lenient, constrained and logprob rows: ONE batch (fewer target forwards than the
     rows ran), each row's output its lone run's."""
     settings = [dict(temperature=0), dict(temperature=1.0, top_p=0.9), dict(temperature=0.8, lenience=0.5, gamma=3),
                 dict(temperature=0, response_format={"type": "regex", "regex": "[0-9]{4}"}),
                 dict(temperature=0.7, logprobs=2, gamma=0)]
-    jobs = [[job(embedded, COUNTING, seed=i, max_new_tokens=10, **s)] for i, s in enumerate(settings)]
+    jobs = [[job(llamacpp_rows, COUNTING, seed=i, max_new_tokens=10, **s)] for i, s in enumerate(settings)]
     stats = Stats()
-    assert run_jobs(embedded, jobs, stats) == [None] * len(jobs)
+    assert run_jobs(llamacpp_rows, jobs, stats) == [None] * len(jobs)
     assert stats.target_calls < sum(j.result.stats.target_calls for [j] in jobs)
     for i, ([j], s) in enumerate(zip(jobs, settings)):
-        alone = embedded.generate(COUNTING, max_new_tokens=10, seed=i, chat_template=False, **s)
+        alone = llamacpp_rows.generate(COUNTING, max_new_tokens=10, seed=i, chat_template=False, **s)
         assert j.result.token_ids == alone.token_ids, s
     assert len(jobs[-1][0].result.logprobs) == len(jobs[-1][0].result.token_ids)
 
@@ -188,9 +189,9 @@ def line_of(engine, i: int, fields: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def outputs(embedded) -> list[dict]:
+def outputs(llamacpp_rows) -> list[dict]:
     """Every case's line in ONE run (one batch of mixed settings); --max-tokens 5."""
-    return run_lines(embedded, [(i + 1, line_of(embedded, i, line)) for i, (_, line, _) in enumerate(CASES)], 5)
+    return run_lines(llamacpp_rows, [(i + 1, line_of(llamacpp_rows, i, line)) for i, (_, line, _) in enumerate(CASES)], 5)
 
 
 def test_every_schema_field_has_a_case():
@@ -200,7 +201,7 @@ def test_every_schema_field_has_a_case():
 
 @pytest.mark.parametrize("i", range(len(CASES)), 
                          ids=[f"{'+'.join(sorted(c))}-{i}" for i, (c, _, _) in enumerate(CASES)])
-def test_a_batch_line_field_is_honoured_or_refused(embedded, outputs, i):
+def test_a_batch_line_field_is_honoured_or_refused(llamacpp_rows, outputs, i):
     _, line, check = CASES[i]
     assert outputs[i]["id"] == f"case{i}"
-    check(embedded, outputs[i], line)
+    check(llamacpp_rows, outputs[i], line)

@@ -25,21 +25,21 @@ def conversation(turns: list[str]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def cached_server(embedded):
+def cached_server(llamacpp_rows):
     from exactspec.server import create_app
 
-    assert embedded.prefix_cache is None
-    first = embedded.generate(conversation(["Find the colours of the rainbow."]), max_new_tokens=10, temperature=0)
+    assert llamacpp_rows.prefix_cache is None
+    first = llamacpp_rows.generate(conversation(["Find the colours of the rainbow."]), max_new_tokens=10, temperature=0)
     turns = ["Find the colours of the rainbow.", first.text, TOOL_OUTPUT]
     refs = SimpleNamespace(
         first=first, turns=turns,
-        second=embedded.generate(conversation(turns), max_new_tokens=10, temperature=0),
-        sampled=embedded.generate(conversation(turns), max_new_tokens=10, temperature=1.0, seed=3),
-        users=[embedded.generate(conversation([f"Question {i}: what is {i} + {i}?"]), max_new_tokens=8,
+        second=llamacpp_rows.generate(conversation(turns), max_new_tokens=10, temperature=0),
+        sampled=llamacpp_rows.generate(conversation(turns), max_new_tokens=10, temperature=1.0, seed=3),
+        users=[llamacpp_rows.generate(conversation([f"Question {i}: what is {i} + {i}?"]), max_new_tokens=8,
                                  temperature=0) for i in range(4)],
     )
-    with prefix_cached(embedded):
-        yield from _running(create_app(embedded, model_name=MODEL), refs)
+    with prefix_cached(llamacpp_rows):
+        yield from _running(create_app(llamacpp_rows, model_name=MODEL), refs)
 
 
 def test_agent_turns_reuse_the_history_and_equal_uncached(cached_server):

@@ -31,10 +31,10 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def api(embedded):
-    refs = SimpleNamespace(plain=embedded.generate(PERSON_PROMPT, max_new_tokens=8, temperature=0, gamma=0,
+def api(llamacpp_rows):
+    refs = SimpleNamespace(plain=llamacpp_rows.generate(PERSON_PROMPT, max_new_tokens=8, temperature=0, gamma=0,
                                                    logprobs=2))
-    yield from _running(create_app(embedded, model_name=MODEL), refs)
+    yield from _running(create_app(llamacpp_rows, model_name=MODEL), refs)
 
 
 def test_parse_into_pydantic(api):
