@@ -82,8 +82,8 @@ def embedded_llamacpp():
 @pytest.fixture(scope="session")
 def llamacpp_rows():
     """The embedded GGUF on llama.cpp as `serve` runs it on a CPU: 16 rows of 1,024 tokens, batched. The
-    server and `exactspec batch` tests run on it (a step costs ~1/6 of the torch fp32 engine's here); the
-    torch backend's server paths keep their own tests (test_server.py, test_hostile.py)."""
+    structured-output, prefix-cache and `exactspec batch` tests decode on it (fewer CPU-seconds than the
+    torch fp32 engine there); test_server.py, test_server_stream.py and test_hostile.py serve torch."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
     from exactspec.embedded import embedded_model_path
     from exactspec.engine import llamacpp_engine
