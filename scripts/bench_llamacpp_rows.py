@@ -14,34 +14,27 @@ import argparse
 import statistics
 import time
 
-import torch
-
 import exactspec
 from exactspec.bench.workloads import load_workload
 from exactspec.device import cpu_label
+from exactspec.speculative.costmodel import measure_target
 
 
 def decode_ceiling(lm, rows: int, context: int = 40, reps: int = 25) -> tuple[float, float]:
-    """Median ms of one row's one-token step and of one step of `rows` rows x 1 token (every row's logits),
-    each at a `context`-token prefix; the cache is left empty."""
+    """Median ms of one row's one-token step (auto γ's own T(1) measurement) and of one step of `rows`
+    rows x 1 token (every row's logits), each at a `context`-token prefix; the cache is left empty."""
+    one = measure_target(lm, max_k=1, context=context, reps=reps)[0] * 1000
     prompt = list(range(100, 100 + context))
-
-    def median_ms(step) -> float:
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times) * 1000
-
-    lm.reset(1)
-    lm.prefill(torch.tensor([prompt]))
-    one = median_ms(lambda: (lm.forward(torch.tensor([[7]])), lm.truncate(context)))
     lm.reset(rows)
     lm.forward_ragged([prompt] * rows, logits=False)
-    many = median_ms(lambda: (lm.forward_ragged([[7]] * rows), lm.truncate_rows([context] * rows)))
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        lm.forward_ragged([[7]] * rows)
+        times.append(time.perf_counter() - t)
+        lm.truncate_rows([context] * rows)
     lm.reset(1)
-    return one, many
+    return one, statistics.median(times) * 1000
 
 
 def main() -> None:
