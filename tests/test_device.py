@@ -5,6 +5,7 @@ options' errors."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -140,3 +141,14 @@ def test_device_cuda_without_gpu_is_one_line_exit_2():
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("exactspec: error: --device cuda: no CUDA GPU"), proc.stderr
+
+
+def test_gpu_check_script_runs_on_the_cpu(tmp_path):
+    """scripts/gpu-check (what a lent GPU runs) imports what exists and measures a tiny shape: an import
+    it swallows into its report (as the renamed `exactspec.spec` once was) fails here, not on the GPU."""
+    script = device_checks.__file__.replace("tests/device_checks.py", "scripts/gpu-check")
+    done = subprocess.run([sys.executable, script, "--smoke", "--skip-checks", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert done.returncode == 0 and report["errors"] == [], done.stdout[-2000:] + done.stderr[-2000:]
+    assert [s["shape"] for s in report["shapes"]] == ["tiny"] and report["shapes"][0]["plain_tokens_per_s"] > 0

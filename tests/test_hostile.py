@@ -29,6 +29,7 @@ from exactspec.speculative.law import Penalties, TargetLaw
 from exactspec.speculative.loop import BatchDecoder, Row, decode
 from exactspec.speculative.sampling import LawError, SamplingParams
 
+from .conftest import need
 from .test_server import MODEL, _free_port, _running
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
@@ -232,7 +233,7 @@ def either_api(request):
     """The server over the embedded model on each backend (llama.cpp: skipped where it is not installed)."""
     if request.param == "torch":
         return request.getfixturevalue("api")
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
+    need("llama_cpp")
     return request.getfixturevalue("llama_cpp_api")
 
 
@@ -499,3 +500,16 @@ def test_seed_reproducibility_is_announced(api):
     assert len({r["choices"][0]["message"]["content"] for r in replies}) == 1
     lenient = post(api, {**body, "gamma": "auto", "lenience": 0.5}).json()
     assert lenient["speculative"]["reproducible"] is False
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_past_the_context_is_a_400_naming_both(llama_cpp_api, stream):
+    """A 1,024-token context (`--ctx-size 1024`): a longer prompt is refused with both numbers, streamed or
+    not, and the next request is served."""
+    need("llama_cpp")
+    r = post(llama_cpp_api, {"messages": [{"role": "user", "content": "word " * 1500}], "max_tokens": 2,
+                             "stream": stream})
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "1024 tokens" in error["message"], error
+    assert post(llama_cpp_api, {"messages": USER, "max_tokens": 2, "stream": stream}).status_code == 200

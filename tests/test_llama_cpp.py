@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
+from .conftest import need
+
+llama_cpp = need("llama_cpp")
 
 from exactspec.bench.llamacpp import llamacpp_generate, llamacpp_methods, prompt_lookup_llama  # noqa: E402
 from exactspec.bench.workloads import load_workload  # noqa: E402
@@ -408,9 +410,30 @@ def test_greedy_identity_past_256_tokens(engine):
     """A 300-token prompt (past the point where two threads split one-token attention on some CPUs):
     speculative == plain decoding, token for token, when the engine says it is bit-exact."""
     if "bit-exact" not in engine.runtime()["greedy_identity"]:
-        pytest.skip("llama.cpp is not bit-exact on this CPU (the engine says so)")
+        pytest.skip(f"llama.cpp is not bit-exact on this CPU: {engine.runtime()['greedy_identity']}")
     text = " ".join(load_workload("grounded"))
     ids = engine.encode(text)[:300]
     plain = ours(engine, ids, 0, "none", n=24)
     assert ours(engine, ids, "auto", "prompt-lookup", n=24) == plain
     assert ours(engine, ids, 8, "bigram", n=24) == plain
+
+
+def test_ctx_size_default_and_choice(monkeypatch):
+    """--ctx-size: the default is the model's training context where the KV budget holds it, lowered in
+    steps of 256 (never below 4096) where it does not; a chosen size is what the engine says it runs."""
+    import exactspec
+    from exactspec.models import llama_cpp as adapter
+
+    path = embedded_model_path()
+    train, per_token = adapter._train_context(path), adapter.kv_bytes_per_token(path)
+    assert train >= 4096 and per_token > 0
+    monkeypatch.setattr(adapter, "_kv_budget", lambda: 10 * train * per_token)
+    assert adapter.default_context(path, rows=1) == train and adapter.default_context(path, rows=10) == train
+    lowered = adapter.default_context(path, rows=16)  # 10/16 of the training context fits
+    assert lowered == max(4096, 10 * train // 16 // 256 * 256) and lowered % 256 == 0 and lowered < train
+    monkeypatch.undo()
+    engine = exactspec.load(threads=2, ctx_size=1024, gamma=0, draft="none")
+    assert engine.backend == "llama.cpp" and engine.target.max_length == 1024
+    assert engine.context_line().startswith("context 1024 tokens per row x 1 row (KV cache")
+    with pytest.raises(ExactSpecError, match="must be >= 2"):
+        exactspec.load(ctx_size=1)

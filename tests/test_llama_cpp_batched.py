@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
+from .conftest import need
+
+need("llama_cpp")
 
 from exactspec.drafters.ngram import NGramDrafter  # noqa: E402
 from exactspec.drafters.suffix import PromptLookupDrafter  # noqa: E402

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (make setup builds it)")
+from .conftest import need
+
+llama_cpp = need("llama_cpp")
 
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402

@@ -43,6 +43,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "it beat a fixed 4 on every bench workload) or N (0 = plain decoding)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (torch, and llama.cpp's with --backend llama.cpp)")
+    p.add_argument("--ctx-size", "-c", type=int, default=None, metavar="N",
+                   help="context of each row in tokens, prompt and output together (default: the model's "
+                        "training context; on llama.cpp as much of it as a quarter of the free memory holds "
+                        "for every row's KV cache, at least 4096). A longer prompt is refused naming both")
     add_backend_arg(p)
     add_verbose_arg(p)
 
@@ -87,6 +91,7 @@ def load_engine(args: argparse.Namespace, **kwargs) -> "Engine":
 
     imported = time.perf_counter()
     kwargs.setdefault("store_mb", getattr(args, "store_mb", STORE_MB))
+    kwargs.setdefault("ctx_size", getattr(args, "ctx_size", None))
     engine = load(args.target, args.draft, args.gamma, threads=args.threads, backend=args.backend,
                   device=args.device, dtype=args.dtype, **kwargs)
     if getattr(args, "verbose", False):

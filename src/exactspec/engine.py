@@ -59,6 +59,13 @@ class Engine:
         """Device, dtype, what greedy identity rests on, hardware (see `loading.runtime`)."""
         return runtime(self.device, self.dtype, self.layout, self.hardware, getattr(self.target, "identity", ""))
 
+    def context_line(self) -> str:
+        """`context 8192 tokens per row x 16 rows (KV cache 2.8 GiB)`: what --ctx-size gave, and its cost."""
+        rows = getattr(self.target, "max_rows", 1)
+        kv = getattr(self.target, "kv_bytes", None)
+        cost = f"KV cache {kv / 2**30:.2f} GiB, allocated" if kv else "KV cache grows as used"
+        return f"context {self.target.max_length} tokens per row x {rows} row{'s' * (rows > 1)} ({cost})"
+
     def set_prefix_cache(self, budget_mb: float | None) -> None:
         """Keep the KV of recent sequences across requests, reusing the longest cached prompt prefix
         (see models/prefix_cache.py), in at most `budget_mb` MiB; None or 0 turns it off. Targets
@@ -215,7 +222,8 @@ class Engine:
 
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = "auto", chat_template: bool = True,
          dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "auto",
-         prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB, rows: int = 1) -> Engine:
+         prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB, rows: int = 1,
+         ctx_size: int | None = None) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "suffix" (the context and a store of earlier outputs, `store_mb`
     MiB, 0 = none: drafters/suffix.py), "bigram", "unigram", "auto", "none", or a draft model's path
@@ -227,8 +235,10 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
     the fastest layout that passes a bit-equality self-test on this model, cached per machine and
     model: models/layouts.py) or a dtype: see `engine.device`, `.dtype`, `.layout`, `.hardware`. `rows`:
     sequences a llama.cpp target decodes together (its context holds that many, KV memory allowing: a
-    server's or a batch's rows; 1 = one at a time); the torch backend batches rows without it."""
-    loaded = load_models(target, draft, dtype, threads, fast, backend, device, rows)
+    server's or a batch's rows; 1 = one at a time); the torch backend batches rows without it.
+    `ctx_size`: tokens per row, prompt and output (None: the model's training context, on llama.cpp as
+    much of it as a quarter of the free memory holds, at least 4096; `engine.context_line()` says)."""
+    loaded = load_models(target, draft, dtype, threads, fast, backend, device, rows, ctx_size)
     engine = _engine(loaded, check_gamma(gamma), chat_template)
     engine.set_prefix_cache(prefix_cache_mb)
     engine.drafts.set_store(store_mb)

@@ -63,8 +63,10 @@ def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast
 
 
 def load_models(target: str | None, draft: str, dtype, threads: int | None, fast: bool, backend: str,
-                device: str, rows: int = 1) -> Loaded:
+                device: str, rows: int = 1, ctx_size: int | None = None) -> Loaded:
     """`engine.load`'s models (see its docstring): checked before the slow part, then loaded."""
+    if ctx_size is not None and ctx_size < 2:
+        raise ExactSpecError(f"--ctx-size must be >= 2 tokens, got {ctx_size}")
     if threads:
         torch.set_num_threads(threads)
     if backend not in BACKENDS:
@@ -74,7 +76,7 @@ def load_models(target: str | None, draft: str, dtype, threads: int | None, fast
         backend, why = choose_backend(path, draft, dtype, device)
         if backend == "llama.cpp":
             try:
-                loaded = load_llamacpp(path, draft, threads=threads, rows=rows)
+                loaded = load_llamacpp(path, draft, n_ctx=ctx_size, threads=threads, rows=rows)
             except ExactSpecError as e:  # not installed, its library does not load, a file it cannot run
                 print(f"exactspec: backend torch: llama.cpp cannot run {os.path.basename(path)} here: {e}",
                       file=sys.stderr, flush=True)
@@ -86,7 +88,7 @@ def load_models(target: str | None, draft: str, dtype, threads: int | None, fast
     elif backend == "llama.cpp":
         if str(device) not in ("auto", "cpu"):
             raise ExactSpecError(f"--device {device}: the llama.cpp backend runs on the CPU (use --backend torch)")
-        return load_llamacpp(path, draft, threads=threads, rows=rows)
+        return load_llamacpp(path, draft, n_ctx=ctx_size, threads=threads, rows=rows)
     check_draft(draft)
     seq2seq = is_encoder_decoder(path)
     if draft not in DRAFT_NAMES and is_encoder_decoder(draft) != seq2seq:
@@ -96,7 +98,20 @@ def load_models(target: str | None, draft: str, dtype, threads: int | None, fast
     where = resolve_device("cpu" if seq2seq and device == "auto" else device)  # before the slow load
     if seq2seq and where.type != "cpu":
         raise ExactSpecError(f"--device {device}: encoder-decoder targets run on the CPU only")
-    return _load_torch(path, draft, dtype, fast, seq2seq, where)
+    return with_context(_load_torch(path, draft, dtype, fast, seq2seq, where), ctx_size)
+
+
+def with_context(loaded: Loaded, ctx_size: int | None) -> Loaded:
+    """A torch target's context cut to `ctx_size` tokens (its KV grows as used, so this only caps it); more
+    than the model's own positions is refused, naming both."""
+    if ctx_size is not None:
+        own = loaded.target.max_length
+        if ctx_size > own:
+            raise ExactSpecError(f"--ctx-size {ctx_size} exceeds this model's {own} positions")
+        for lm in (loaded.target, loaded.draft_model):
+            if lm is not None:
+                lm.max_length = min(lm.max_length, ctx_size)
+    return loaded
 
 
 BACKENDS = ("auto", "torch", "llama.cpp")

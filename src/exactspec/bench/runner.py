@@ -105,11 +105,12 @@ def run_bench(engine: Engine, methods: list[Method], workloads: list[str], tempe
                     for m in order:
                         budget = max_new_tokens or case.max_new_tokens or default_max_new_tokens
                         out, seconds, stats = m.run(ids, params, budget, 1000 * rep + i, case.response_format)
-                        valid = None
-                        if case.response_format and m.constrains:
-                            valid = schema_valid(engine.tokenizer.decode(out, skip_special_tokens=True),
-                                                 case.response_format)
-                        results[id(m)].append(Run(len(out), seconds, stats, valid))
+                        valid = cut = None
+                        if case.response_format and m.constrains:  # judged when complete, not cut at the budget
+                            cut = len(out) >= budget and out[-1] not in engine.target.eos_token_ids
+                            valid = None if cut else schema_valid(
+                                engine.tokenizer.decode(out, skip_special_tokens=True), case.response_format)
+                        results[id(m)].append(Run(len(out), seconds, stats, valid, cut))
                         if progress is not None:
                             progress.update(1)
                 per_rep.append([_total(results[id(m)]) for m in chosen])
@@ -130,14 +131,16 @@ class Run:
     tokens: int
     seconds: float
     stats: Stats | None
-    valid: float | None  # share of outputs that follow their schema (constrained workloads)
+    valid: float | None  # share of complete outputs that follow their schema (constrained workloads)
+    cut: float | None = None  # share of constrained outputs cut at the token budget (not judged)
 
 
 def _total(runs: list[Run]) -> Run:
     stats = None if runs[0].stats is None else total(r.stats for r in runs)
     valid = [r.valid for r in runs if r.valid is not None]
+    cut = [r.cut for r in runs if r.cut is not None]
     return Run(sum(r.tokens for r in runs), sum(r.seconds for r in runs), stats,
-               sum(valid) / len(valid) if valid else None)
+               sum(valid) / len(valid) if valid else None, sum(cut) / len(cut) if cut else None)
 
 
 ANCHORS = ("llamacpp-defaults", "hf-plain", "llamacpp-plain")  # "vs anchor plain": the first one run
@@ -150,6 +153,7 @@ def _rows(workload, temperature, methods, per_rep, cost, constrained=False) -> l
     for j, m in enumerate(methods):
         merged = None if per_rep[0][j].stats is None else total(rep[j].stats for rep in per_rep)
         valid = [rep[j].valid for rep in per_rep if rep[j].valid is not None]
+        cut = [rep[j].cut for rep in per_rep if rep[j].cut is not None]
         predicted = None
         if m.method == "exactspec-spec" and isinstance(m.gamma, int) and merged.alpha is not None:
             predicted = cost[m.drafter].predicted_speedup(merged.alpha, m.gamma)
@@ -167,7 +171,8 @@ def _rows(workload, temperature, methods, per_rep, cost, constrained=False) -> l
             "constrained": constrained and m.constrains,
             "forced_share": merged.forced_accepted / merged.emitted if merged and merged.emitted else None,
             "decode_ms_per_token": 1e3 * merged.decode_s / merged.emitted if merged and merged.emitted else None,
-            "valid_share": statistics.mean(valid) if valid else None,
+            "valid_share": statistics.mean(valid) if valid else None,  # of the outputs that completed
+            "cut_share": statistics.mean(cut) if cut else None,  # outputs cut at the budget, not judged
         })
     return rows
 

@@ -187,8 +187,9 @@ class LlamaCppLM:
         self.threads = threads or default_threads()
         self.single_threads = self.threads  # one-token steps (llama_cpp_numerics.py may lower it at load)
         self.identity = "not self-tested at load"  # what greedy identity rests on (llama_cpp_numerics.py)
-        train_ctx = _train_context(path)
-        want = n_ctx or (min(DEFAULT_N_CTX, train_ctx) if train_ctx > 0 else DEFAULT_N_CTX)
+        want = n_ctx or default_context(path, rows)
+        if want < 2:
+            raise ExactSpecError(f"the context must hold at least 2 tokens, got {want}")
         rows = affordable_rows(path, rows, want) if rows > 1 else 1
         self.max_rows, self.batched = rows, rows > 1
         self.ragged = self.batched  # forward_ragged: rows of different lengths in one decode, unpadded
@@ -211,6 +212,7 @@ class LlamaCppLM:
         self.eos_token_ids = set(eos_token_ids)
         # llama.cpp pads each sequence's context up to a multiple of 256; never go past what was asked for
         self.max_length = min(want, int(llama_cpp.llama_n_ctx_seq(self.ctx)))
+        self.kv_bytes = int(llama_cpp.llama_n_ctx(self.ctx)) * kv_bytes_per_token(path)  # f16 bound, all rows
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
         # Only prompt KV goes to the prefix cache unless the load-time self-test shows one-token steps write
@@ -582,16 +584,33 @@ def kv_bytes_per_token(path: str) -> int:
     return 2 * h["block_count"] * kv_heads * (h.get("attention.key_length", head) + h.get("attention.value_length", head))
 
 
-def affordable_rows(path: str, rows: int, n_ctx: int) -> int:
-    """At most `rows`, as many as fit a quarter of the memory available now with `n_ctx` positions each
-    (every row's KV is allocated when the context is created)."""
-    per_row = kv_bytes_per_token(path) * n_ctx
+def _kv_budget() -> int | None:
+    """A quarter of the memory available now, in bytes (None where /proc/meminfo does not say): what the
+    KV cache of every row may take (it is allocated when the context is created)."""
     try:
         with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")) // 4
     except (OSError, StopIteration, ValueError):
+        return None
+
+
+def default_context(path: str, rows: int = 1) -> int:
+    """Tokens per row when none are asked for: the model's training context (DEFAULT_N_CTX where the
+    header has none), lowered to what the KV budget holds for `rows` rows, in steps of 256, but never
+    below DEFAULT_N_CTX (`affordable_rows` then drops rows instead)."""
+    train = _train_context(path) or DEFAULT_N_CTX
+    per_token, budget = kv_bytes_per_token(path), _kv_budget()
+    if not per_token or budget is None or rows * train * per_token <= budget:
+        return train
+    return min(train, max(DEFAULT_N_CTX, budget // (rows * per_token) // 256 * 256))
+
+
+def affordable_rows(path: str, rows: int, n_ctx: int) -> int:
+    """At most `rows`, as many as fit the KV budget (`_kv_budget`) with `n_ctx` positions each."""
+    per_row, budget = kv_bytes_per_token(path) * n_ctx, _kv_budget()
+    if budget is None or not per_row:
         return rows
-    return max(1, min(rows, available // 4 // per_row)) if per_row else rows
+    return max(1, min(rows, budget // per_row))
 
 
 def load_llama_cpp(path: str, n_ctx: int | None = None, threads: int | None = None,
