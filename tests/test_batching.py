@@ -48,6 +48,40 @@ def ignore(event) -> None:
     pass
 
 
+@pytest.mark.parametrize("seed", [None, 3])
+def test_a_long_prompt_joins_in_chunks_while_others_stream(llamacpp_rows, seed):
+    """Chunked prefill: a ~400-token prompt joining a streaming row is prefilled 64 tokens per iteration,
+    so the running row keeps getting tokens meanwhile (today's whole prefill froze it); both outputs are
+    what each gives alone, greedy and seeded (a request's 2 samples copy the finished prefill)."""
+    from collections import deque
+
+    engine = llamacpp_rows
+    sampling = dict(temperature=0) if seed is None else dict(temperature=0.9, top_p=0.95)
+    long_prompt = "Summarise: " + " ".join(f"item {i} costs {i * 7 % 13} euros;" for i in range(45))
+    running = job(engine, COUNTING, seed=seed, max_new_tokens=40, **sampling)
+    joiners = [job(engine, long_prompt, seed=None if seed is None else seed + k, max_new_tokens=6, **sampling)
+               for k in range(2)]
+    events: list[str] = []
+    scheduler = Scheduler(engine, prefill_chunk=64)
+    scheduler.admit([[Delivery(running, lambda e: events.append("running"))]])
+    scheduler.step()
+    scheduler.admit([[Delivery(j, lambda e, k=k: events.append(f"joiner{k}")) for k, j in enumerate(joiners)]])
+    prompt_tokens = len(joiners[0].result.prompt_token_ids)
+    assert prompt_tokens > 380 and scheduler.rows == 3
+    while scheduler.rows:
+        scheduler.step()
+    before_first = events.index("joiner0")
+    assert events[:before_first].count("running") >= prompt_tokens // 64 - 1  # streamed through the prefill
+    if seed is None:  # greedy: the second sample is the first's
+        assert joiners[1].result.token_ids == joiners[0].result.token_ids
+    for j in [running, joiners[0]] + ([] if seed is None else [joiners[1]]):
+        prompt = COUNTING if j is running else long_prompt
+        alone = engine.generate(prompt, max_new_tokens=j.request.max_new_tokens, chat_template=False,
+                                seed=j.seed, **sampling)
+        assert j.result.token_ids == alone.token_ids
+    assert joiners[0].result.stats.prefill_tokens == prompt_tokens - 1 == joiners[1].result.stats.prefill_tokens
+
+
 def test_admission_is_one_rule(embedded):
     """Lenient rows share a batch, rows drafting with the draft model (one cache) do not; with one row
     at a time nothing does, and a request's samples are queued one by one; a failing setup fails its

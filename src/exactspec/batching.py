@@ -35,6 +35,7 @@ from itertools import groupby
 
 from .generation import GenerationResult, Request
 from .speculative.loop import BatchDecoder, _sum_rows_into
+from .speculative.params import PREFILL_CHUNK
 from .speculative.rows import Row
 from .stats import Stats
 
@@ -103,22 +104,29 @@ Entry = list[Delivery]  # a request's samples (or one of them, where they may no
 
 class Scheduler:
     """Admission and delivery over one BatchDecoder of `engine`'s target. `max_rows`: rows decoded
-    together (None: no limit; 1: one job at a time). `stopping`: once set, every job is cancelled."""
+    together (None: no limit; 1: one job at a time). `stopping`: once set, every job is cancelled.
+    `prefill_chunk`: prompt tokens prefilled per iteration while other rows decode (None: whole prompts;
+    default: the engine's `prefill_chunk`)."""
 
     def __init__(self, engine, max_rows: int | None = None, stats: Stats | None = None,
-                 stopping: threading.Event | None = None) -> None:
+                 stopping: threading.Event | None = None, prefill_chunk: int | None = -1) -> None:
         capacity = getattr(engine.target, "max_rows", None)  # a llama.cpp context holds so many rows
         if capacity is not None:
             max_rows = capacity if max_rows is None else min(max_rows, capacity)
-        self.engine, self.max_rows = engine, max_rows
+        if prefill_chunk == -1:  # the engine's (`--prefill-chunk`)
+            prefill_chunk = getattr(engine, "prefill_chunk", PREFILL_CHUNK)
+        self.engine, self.max_rows, self.prefill_chunk = engine, max_rows, prefill_chunk
         self.stats = stats if stats is not None else Stats()  # the batch's: prefill time, batched forwards
         self._stopping = stopping if stopping is not None else threading.Event()
-        self._decoder = BatchDecoder(engine.target, stats=self.stats)
+        self._decoder = self._new_decoder()
+
+    def _new_decoder(self) -> BatchDecoder:
+        return BatchDecoder(self.engine.target, stats=self.stats, prefill_chunk=self.prefill_chunk)
 
     @property
     def rows(self) -> int:
-        """Rows in the batch now."""
-        return len(self._decoder.rows)
+        """Rows in the batch now: decoding, or joining (their prompt being prefilled)."""
+        return len(self._decoder.rows) + len(self._decoder.waiting)
 
     # --- admission ---------------------------------------------------------------------------------
     def shares(self, job: Job) -> bool:
@@ -137,7 +145,7 @@ class Scheduler:
     def take(self, waiting: deque) -> list[Entry]:
         """Pop from `waiting` the oldest entries that may join the batch now (a None entry, or one that
         must wait, holds back those behind it)."""
-        jobs, taken = [row.key.job for row in self._decoder.rows], []
+        jobs, taken = [row.key.job for row in self._decoder.rows + self._decoder.waiting], []
         while waiting and waiting[0] is not None and self._fits(jobs, [d.job for d in waiting[0]]):
             taken.append(waiting.popleft())
             jobs += [d.job for d in taken[-1]]
@@ -156,7 +164,7 @@ class Scheduler:
         if not rows:
             return
         try:
-            (self._decoder.add if self._decoder.rows else self._decoder.start)(rows)
+            (self._decoder.add if self.rows else self._decoder.start)(rows)
         except Exception as e:
             for row in rows:
                 row.key.close(("error", e))
@@ -188,15 +196,18 @@ class Scheduler:
 
     # --- decoding and delivery ---------------------------------------------------------------------
     def step(self) -> None:
-        """One iteration of the batch, each row's news delivered to its job."""
+        """One iteration of the batch (a chunk of the joining prompts first), each row's news delivered
+        to its job; joining requests whose consumers all left go first."""
+        for row in self._decoder.cancel_joining(lambda row: self._cancelled(row.key.job)):
+            row.key.close(("done", True))
         try:
             for row, tokens in self._decoder.step():
                 self._deliver(row, tokens)
         except Exception as e:  # the batched iteration failed: its rows fail, a fresh batch follows
-            for row in self._decoder.rows:
+            for row in self._decoder.rows + self._decoder.waiting:
                 if not row.key.closed:
                     row.key.close(("error", e))
-            self._decoder = BatchDecoder(self.engine.target, stats=self.stats)
+            self._decoder = self._new_decoder()
 
     def _deliver(self, row: Row, tokens: list[int]) -> None:
         """Send a row's new text; end its job when it is done, stopped, cancelled or failing."""

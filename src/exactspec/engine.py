@@ -31,7 +31,7 @@ from .speculative.interfaces import CausalLM, Drafter
 from .speculative.grammar import llg_tokenizer
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row
-from .speculative.params import DRAFT_NAMES, check_gamma
+from .speculative.params import DRAFT_NAMES, PREFILL_CHUNK, check_gamma
 from .speculative.rows import Row
 from .speculative.sampling import SamplingParams
 from .stats import Stats
@@ -54,6 +54,7 @@ class Engine:
         self.layout = None  # the dtype self-test's Choice (models/layouts.py) when `dtype="auto"` ran it on a CPU
         self.backend = "torch"  # what runs the target: "torch" or "llama.cpp" (`load` resolves "auto")
         self._llg_tok = None  # llguidance's view of the tokenizer, built on the first constrained request
+        self.prefill_chunk: int | None = PREFILL_CHUNK  # joining prompts' tokens per iteration (batching.py)
 
     def runtime(self) -> dict:
         """Device, dtype, what greedy identity rests on, hardware (see `loading.runtime`)."""
@@ -223,7 +224,7 @@ class Engine:
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = "auto", chat_template: bool = True,
          dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "auto",
          prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB, rows: int = 1,
-         ctx_size: int | None = None) -> Engine:
+         ctx_size: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "suffix" (the context and a store of earlier outputs, `store_mb`
     MiB, 0 = none: drafters/suffix.py), "bigram", "unigram", "auto", "none", or a draft model's path
@@ -237,11 +238,14 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
     sequences a llama.cpp target decodes together (its context holds that many, KV memory allowing: a
     server's or a batch's rows; 1 = one at a time); the torch backend batches rows without it.
     `ctx_size`: tokens per row, prompt and output (None: the model's training context, on llama.cpp as
-    much of it as a quarter of the free memory holds, at least 4096; `engine.context_line()` says)."""
+    much of it as a quarter of the free memory holds, at least 4096; `engine.context_line()` says).
+    `prefill_chunk`: prompt tokens prefilled per iteration while other rows decode (None or 0: whole
+    prompts; outputs are the same either way, batching.py)."""
     loaded = load_models(target, draft, dtype, threads, fast, backend, device, rows, ctx_size)
     engine = _engine(loaded, check_gamma(gamma), chat_template)
     engine.set_prefix_cache(prefix_cache_mb)
     engine.drafts.set_store(store_mb)
+    engine.prefill_chunk = prefill_chunk or None
     return engine
 
 

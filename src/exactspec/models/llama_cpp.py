@@ -60,7 +60,6 @@ import numpy as np
 import torch
 
 from ..errors import ExactSpecError
-from .prefix_cache import prefill_prompt
 
 INSTALL_HINT = "llama-cpp-python is not installed (make setup builds it; or pip install 'exactspec[llamacpp]')"
 DEFAULT_N_CTX = 4096
@@ -193,6 +192,10 @@ class LlamaCppLM:
         rows = affordable_rows(path, rows, want) if rows > 1 else 1
         self.max_rows, self.batched = rows, rows > 1
         self.ragged = self.batched  # forward_ragged: rows of different lengths in one decode, unpadded
+        # open_row / extend_row / copy_row: a joining prompt prefilled in chunks between decode steps
+        # (BatchDecoder's prefill budget); chunks are cut at multiples of n_ubatch where they can be, and
+        # the self-test's verdict (blocks equal one-token steps) covers the rest
+        self.chunked_prefill = self.batched
         self.n_batch = max(1, min(n_batch, want))
         self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
         self.repack = resolve_repack(path, repack)
@@ -313,24 +316,52 @@ class LlamaCppLM:
     def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
         """Append `copies` rows holding prompt_ids[:-1]: the first is prefilled (through the prefix cache,
         if any) in its own sequence, the running rows untouched; the others copy its cells. -> tokens reused."""
+        seq = self.batch_size
+        reused, rest = self.open_row(prompt_ids, copies)
+        try:
+            self.extend_row(seq, rest)
+            self.copy_row(seq, copies - 1)
+        except BaseException:
+            self.drop_rows(seq)
+            raise
+        return reused
+
+    # --- chunked prefill: a joining row opened, extended between decode steps, then copied -------
+    def open_row(self, prompt_ids: list[int], copies: int = 1) -> tuple[int, list[int]]:
+        """A new last row holding the longest prefix of prompt_ids[:-1] its prefix cache has (none: empty),
+        with room checked for `copies` rows -> (tokens reused, the tokens still to prefill)."""
         if not prompt_ids or len(prompt_ids) >= self.max_length:
             raise ExactSpecError(f"a prompt of {len(prompt_ids)} tokens cannot join a {self.max_length}-token context")
         seq = self.batch_size
         self._room(seq + copies)
         self._lengths.append(0)
+        row, ids = _Row(self, seq), prompt_ids[:-1]
         try:
-            reused = prefill_prompt(_Row(self, seq), prompt_ids[:-1])
-            if copies > 1:
-                state = self._state(seq)
-                for _ in range(copies - 1):
-                    self._lengths.append(0)
-                    self._set_state(len(self._lengths) - 1, state, self._lengths[seq])
+            cache = self.prefix_cache
+            reused = cache.restore(row, ids) if cache is not None else 0
         except BaseException:
-            for extra in range(seq, len(self._lengths)):
-                self._clear(extra)
-            del self._lengths[seq:]
+            self.drop_rows(seq)
             raise
-        return reused
+        return reused, ids[reused:]
+
+    def extend_row(self, seq: int, ids: list[int]) -> None:
+        """Prefill `ids` into row `seq` (no logits): a whole prompt, or one chunk of it."""
+        if ids:
+            self._decode(seq, ids, None)
+
+    def copy_row(self, seq: int, copies: int) -> None:
+        """Append `copies` rows holding row `seq`'s cells (a request's n samples share one prefill)."""
+        if copies > 0:
+            state = self._state(seq)
+            for _ in range(copies):
+                self._lengths.append(0)
+                self._set_state(len(self._lengths) - 1, state, self._lengths[seq])
+
+    def drop_rows(self, first: int) -> None:
+        """Forget rows `first`.. (a joining row that failed or left before its prefill ended)."""
+        for extra in range(first, len(self._lengths)):
+            self._clear(extra)
+        del self._lengths[first:]
 
     def save_cache(self) -> list:
         """Every row's cells, for `restore_cache` after the context was used for something else."""
@@ -491,20 +522,15 @@ class LlamaCppLM:
 
 
 class _Row:
-    """Row `seq` of a LlamaCppLM seen as a one-row adapter, for a joining row's prefill through the
-    prefix cache (prefix_cache.prefill_prompt): its reset empties that row alone."""
+    """Row `seq` of a LlamaCppLM seen as a one-row adapter, for a joining row's cached prefix
+    (PrefixCache.restore): its reset empties that row alone."""
 
     def __init__(self, lm: LlamaCppLM, seq: int) -> None:
         self.lm, self.seq = lm, seq
-        self.prefix_cache = lm.prefix_cache
-        self.snapshot_prefix = lm.snapshot_prefix  # what marks an adapter as prefix-cacheable
 
     def reset(self) -> None:
         self.lm._clear(self.seq)
         self.lm._lengths[self.seq] = 0
-
-    def prefill(self, new_ids: torch.Tensor) -> None:
-        self.lm._decode(self.seq, new_ids.reshape(-1).tolist(), None)
 
     def restore_prefix(self, state: tuple[object, int], length: int) -> None:
         self.lm._restore(self.seq, state, length)

@@ -82,6 +82,14 @@ class PrefixCache:
     def prefill(self, target, ids: list[int]) -> int:
         """Leave `target` as a one-row cache holding exactly `ids`: the longest cached prefix restored,
         the rest prefilled. Returns the number of tokens reused."""
+        n = self.restore(target, ids)
+        if len(ids) > n:
+            target.prefill(torch.tensor([ids[n:]], dtype=torch.long))
+        return n
+
+    def restore(self, target, ids: list[int]) -> int:
+        """Leave `target` as a one-row cache holding the longest cached prefix of `ids` (empty if none),
+        the rest for the caller to prefill (at once, or in chunks). Returns that prefix's length."""
         with self._lock:
             self.lookups += 1
             key, n = self.match(ids)
@@ -96,8 +104,6 @@ class PrefixCache:
             target.restore_prefix(state, n)
         else:
             target.reset()
-        if len(ids) > n:
-            target.prefill(torch.tensor([ids[n:]], dtype=torch.long))
         return n
 
     def save(self, target, ids: list[int], row: int = 0) -> None:

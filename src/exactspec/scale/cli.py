@@ -48,6 +48,8 @@ def load_kwargs(args: argparse.Namespace) -> dict:
     kwargs = dict(target=target, draft=draft, gamma=args.gamma, threads=args.threads, backend=args.backend)
     if getattr(args, "ctx_size", None):
         kwargs["ctx_size"] = args.ctx_size
+    if hasattr(args, "prefill_chunk"):  # serve's
+        kwargs["prefill_chunk"] = args.prefill_chunk
     if hasattr(args, "store_mb"):  # every replica (and batch worker) keeps its own store
         kwargs["store_mb"] = args.store_mb
     if hasattr(args, "prefix_cache_mb"):  # serve's: every replica keeps its own prefix cache

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..errors import ExactSpecError
+from ..speculative.params import PREFILL_CHUNK
 
 
 def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -32,6 +33,11 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--max-tokens-default", type=int, default=2048, metavar="N",
                    help="token budget of a request that gives no max_tokens (default 2048; 0 = the rest of the "
                         "context); reported by /v1/models")
+    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, metavar="N",
+                   help=f"prompt tokens prefilled per iteration while other requests decode (default "
+                        f"{PREFILL_CHUNK}: a long prompt joining delays each running stream's next token by about "
+                        f"one chunk's prefill, not its whole prompt's; 0 = prefill each prompt whole). Outputs "
+                        f"are identical either way")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id reported by /v1/models and in responses (default: the target's file name)")
     p.set_defaults(func=cmd_serve)
@@ -47,7 +53,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
 
-    engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb, rows=args.max_rows)
+    engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb, rows=args.max_rows,
+                         prefill_chunk=args.prefill_chunk)
     warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
     print(f"exactspec: serving on {engine.hardware}; {engine.context_line()}; greedy identity "
           f"{engine.runtime()['greedy_identity']}", file=sys.stderr, flush=True)
@@ -65,6 +72,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
         raise ExactSpecError(f"--max-rows must be >= 1, got {args.max_rows}")
     if not 0 < args.port < 65536:
         raise ExactSpecError(f"--port must be in 1..65535, got {args.port}")
+    if args.prefill_chunk < 0:
+        raise ExactSpecError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
     if args.max_tokens_default < 0:
         raise ExactSpecError(f"--max-tokens-default must be >= 0, got {args.max_tokens_default}")
     if args.prefix_cache_mb < 0:

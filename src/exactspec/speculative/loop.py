@@ -31,8 +31,10 @@ nothing more and leaves when the iteration ends, the other rows of the iteration
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -64,21 +66,31 @@ class BatchDecoder:
     """
 
     def __init__(self, target: CausalLM, stop_on_eos: bool = True, verifier: Verifier = verify,
-                 stats: Stats | None = None):
+                 stats: Stats | None = None, prefill_chunk: int | None = None):
         self.target, self.stop_on_eos = target, stop_on_eos
         self.verifier = None if verifier is verify else verifier  # the test seam: an injected verifier
         self.stats = stats if stats is not None else Stats()  # prefill time, batched target calls
         self.rows: list[Row] = []  # in cache-row order
         self._argmax_forward = getattr(target, "forward_argmax", None)  # one-row llama.cpp: argmax in place
         self._ragged = getattr(target, "ragged", False)  # batched llama.cpp: rows unpadded
+        # chunked prefill (a target that can open, extend and copy a row): prompt tokens prefilled per
+        # iteration while other rows decode; None: a joining prompt is prefilled whole in `add`
+        self.prefill_chunk = prefill_chunk if prefill_chunk and getattr(target, "chunked_prefill", False) else None
+        self.joining: deque[Joining] = deque()  # requests whose prompts are being prefilled, oldest first
+        self._failed: list[Row] = []  # joining rows whose prefill failed: yielded (with their error) next step
+
+    @property
+    def waiting(self) -> list[Row]:
+        """Rows that joined but do not decode yet: their prompt is being prefilled, or their prefill failed."""
+        return [row for j in self.joining for row in j.rows] + self._failed
 
     def start(self, rows: list[Row]) -> None:
         """Begin an empty batch with `rows`, prefilled together (one forward, padded if prompts differ;
-        with a prefix cache, each distinct prompt joins through it instead)."""
+        with a prefix cache or chunked prefill, each distinct prompt joins through `add` instead)."""
         self._check(rows)
-        if self.rows:
+        if self.rows or self.joining:
             raise ExactSpecError("the batch is running: add rows instead")
-        if cache_of(self.target) is not None:
+        if cache_of(self.target) is not None or self.prefill_chunk is not None:
             return self.add(rows)
         t0 = time.perf_counter()
         _prefill(self.target, [r.prompt for r in rows])
@@ -88,8 +100,17 @@ class BatchDecoder:
 
     def add(self, rows: list[Row]) -> None:
         """Prefill `rows` and append them to the batch (the rows it holds are untouched if this fails).
-        Consecutive rows with the same prompt (a request's n samples) share one prefill."""
+        Consecutive rows with the same prompt (a request's n samples) share one prefill. With chunked
+        prefill they join the queue of `joining` requests instead, and each iteration prefills up to
+        `prefill_chunk` of their prompt tokens before it decodes; with no row decoding, all at once here."""
         self._check(rows)
+        if self.prefill_chunk is not None:
+            if not self.rows and not self.joining:
+                self.target.reset(0)
+            self.joining += [Joining(group) for group in _same_prompt(rows)]
+            if not self.rows:
+                self._prefill_joining(None)
+            return
         t0 = time.perf_counter()
         if not self.rows:
             self.target.reset(0)
@@ -106,6 +127,53 @@ class BatchDecoder:
             self.target.select_rows(torch.arange(len(self.rows)))  # drop the rows that did join
             raise
         self._admit(rows, time.perf_counter() - t0)
+
+    def _prefill_joining(self, budget: int | None) -> None:
+        """Prefill up to `budget` prompt tokens of the joining requests, oldest first (None: all). A
+        request whose prompt is complete gets its samples' copies and starts decoding; one whose prefill
+        fails leaves with the error (the next `step` yields its rows), the other rows untouched. Chunks
+        end at a multiple of the target's n_ubatch where they can, so its compute steps are a whole
+        prefill's."""
+        spent, ubatch = 0, getattr(self.target, "n_ubatch", 1)
+        while self.joining and (budget is None or spent < budget):
+            j, seq = self.joining[0], len(self.rows)
+            t0 = time.perf_counter()
+            try:
+                if j.rest is None:
+                    reused, j.rest = self.target.open_row(j.rows[0].prompt, len(j.rows))
+                    for row in j.rows:
+                        row.stats.cached_tokens += reused
+                        row.stats.prefill_tokens += len(j.rest)
+                take = len(j.rest) if budget is None else min(len(j.rest), budget - spent)
+                if take < len(j.rest) and take >= ubatch:
+                    take -= take % ubatch
+                self.target.extend_row(seq, j.rest[:take])
+                j.rest, spent = j.rest[take:], spent + take
+                if not j.rest:
+                    self.target.copy_row(seq, len(j.rows) - 1)
+            except Exception as e:
+                self.joining.popleft()
+                self.target.drop_rows(seq)
+                for row in j.rows:
+                    row.error, row.done = e, True
+                self._failed += j.rows
+                continue
+            j.seconds += time.perf_counter() - t0
+            if j.rest:
+                break
+            self.joining.popleft()
+            self._admit(j.rows, j.seconds)
+
+    def cancel_joining(self, cancelled: Callable[[Row], bool]) -> list[Row]:
+        """Joining requests none of whose rows is still wanted leave now, their cache row dropped -> those rows."""
+        gone = []
+        for j in list(self.joining):
+            if all(cancelled(row) for row in j.rows):
+                if j is self.joining[0] and j.rest is not None:
+                    self.target.drop_rows(len(self.rows))
+                self.joining.remove(j)
+                gone += j.rows
+        return gone
 
     def _check(self, rows: list[Row]) -> None:
         if any(not r.prompt for r in rows):
@@ -129,7 +197,7 @@ class BatchDecoder:
     def lend(self) -> Iterator[object]:
         """Use the target for something else between iterations (measuring its speed resets its
         cache); the batch's cache is put back afterwards."""
-        saved = self.target.save_cache() if self.rows else None
+        saved = self.target.save_cache() if self.rows or self.joining else None
         try:
             yield self.target
         finally:
@@ -137,9 +205,18 @@ class BatchDecoder:
                 self.target.restore_cache(saved)
 
     def step(self) -> Iterator[tuple[Row, list[int]]]:
-        """One iteration: propose, score, accept, commit. Yields (row, tokens) for each row; rows that
-        are done, or that the caller cancels while they are yielded, leave once the iteration ends."""
+        """One iteration: a chunk of the joining prompts, then propose, score, accept, commit. Yields
+        (row, tokens) for each row; rows that are done, or that the caller cancels while they are
+        yielded, leave once the iteration ends. Joining rows whose prefill failed are yielded first,
+        with their error and no tokens."""
+        if self.joining:
+            self._prefill_joining(self.prefill_chunk if self.rows else None)
+        failed, self._failed = self._failed, []
+        for row in failed:
+            yield row, []
         rows = self.rows
+        if not rows:
+            return
         drafts = propose(rows, self.target.max_length - max(len(r.context) for r in rows))
         t = time.perf_counter()
         scored = self._score(rows, drafts)
@@ -157,10 +234,12 @@ class BatchDecoder:
         feed = [[row.context[-1], *d.ids] for row, d in zip(rows, drafts)]
         if self._argmax_forward is not None and len(rows) == 1 and not rows[0].rule.needs_logits:
             return Scored(rows, drafts, argmax=[self._argmax_forward(feed[0])])
+        if self._ragged:  # a joining row being prefilled (the cache's last one) scores nothing
+            feed += [[] for _ in range(self.target.batch_size - len(rows))]
         if self._ragged and not any(row.rule.needs_logits for row in rows):  # greedy rows: argmax in place
-            return Scored(rows, drafts, argmax=self.target.forward_ragged_argmax(feed))
+            return Scored(rows, drafts, argmax=self.target.forward_ragged_argmax(feed)[: len(rows)])
         if self._ragged:
-            return Scored(rows, drafts, logits=self.target.forward_ragged(feed))  # [A, K+1, V]
+            return Scored(rows, drafts, logits=self.target.forward_ragged(feed)[: len(rows)])  # [A, K+1, V]
         width = max(len(ids) for ids in feed)
         padded = [ids + [0] * (width - len(ids)) for ids in feed]
         return Scored(rows, drafts, logits=self.target.forward_rows(torch.tensor(padded)))  # [A, K+1, V]
@@ -221,8 +300,29 @@ class BatchDecoder:
                 remember(self.target, row.context, len(row.prompt), row=j, cached=self._keep[j])
                 _finish(row)
         order = _compact(still)
-        self.target.select_rows(torch.tensor(order, dtype=torch.long))
+        joining = list(range(len(rows), self.target.batch_size))  # a prompt being prefilled moves up behind them
+        self.target.select_rows(torch.tensor(order + joining, dtype=torch.long))
         self.rows = [rows[j] for j in order]
+
+
+@dataclass(eq=False)
+class Joining:
+    """A request's rows (its n samples share one prompt) while their prompt is prefilled in chunks."""
+
+    rows: list[Row]
+    rest: list[int] | None = None  # prompt tokens still to prefill; None: its cache row is not opened yet
+    seconds: float = 0.0  # prefill time so far
+
+
+def _same_prompt(rows: list[Row]) -> list[list[Row]]:
+    """Consecutive rows with the same prompt (a request's n samples), as groups."""
+    groups: list[list[Row]] = []
+    for row in rows:
+        if groups and groups[-1][0].prompt == row.prompt:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
 
 
 def _finish(row: Row) -> None:
@@ -282,7 +382,7 @@ def decode_rows(target: CausalLM, rows: list[Row], batch_stats: Stats | None = N
     decoder = BatchDecoder(target, stop_on_eos, verifier, batch_stats)
     decoder.start(rows)
     t_start = time.perf_counter()
-    while decoder.rows:
+    while decoder.rows or decoder.waiting:
         for row, tokens in decoder.step():
             if row.error is not None:
                 raise row.error
@@ -297,7 +397,7 @@ def decode_row(target: CausalLM, row: Row, stop_on_eos: bool = True, verifier: V
     decoder = BatchDecoder(target, stop_on_eos, verifier)
     decoder.start([row])
     try:
-        while decoder.rows and row.max_new_tokens > 0:
+        while (decoder.rows or decoder.waiting) and row.max_new_tokens > 0:
             for _, tokens in decoder.step():
                 yield from tokens
             if row.error is not None:  # its law is not a distribution, a grammar dead end, ...: it has left

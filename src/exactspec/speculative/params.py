@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from ..errors import ExactSpecError
 
+# Prompt tokens the scheduler prefills per iteration while other rows decode (chunked prefill, batching.py):
+# a long prompt joining delays the running streams by about one chunk's prefill, not its whole prompt's.
+PREFILL_CHUNK = 256
+
 MIN_TEMPERATURE = 1e-5  # below it (and 0) sampling is greedy: logits / T would overflow to inf and NaN
 
 
