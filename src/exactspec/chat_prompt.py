@@ -22,16 +22,17 @@ def special_texts(tokenizer) -> list[str]:
     return sorted(texts | set(getattr(tokenizer, "all_special_tokens", [])), key=len, reverse=True)
 
 
-def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
-    """The generation prompt of `messages` as token ids; content is never parsed for special tokens."""
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The generation prompt of `messages` as token ids; content is never parsed for special tokens.
+    `tools` (OpenAI's tool objects) go to the template as its `tools`, for templates that lay them out."""
     specials = special_texts(tokenizer)
     hostile = [i for i, m in enumerate(messages)
                if isinstance(m.get("content"), str) and any(s in m["content"] for s in specials)]
     if not hostile:
-        return tokenizer.encode(_render(tokenizer, messages), add_special_tokens=False)
+        return tokenizer.encode(_render(tokenizer, messages, tools), add_special_tokens=False)
     nonce = uuid.uuid4().hex
     marks = {i: f"[[exactspec-content-{nonce}-{i}]]" for i in hostile}
-    text = _render(tokenizer, [{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)])
+    text = _render(tokenizer, [{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)], tools)
     ids: list[int] = []
     for i in hostile:
         before, found, text = text.partition(marks[i])
@@ -43,8 +44,9 @@ def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
     return ids + tokenizer.encode(text, add_special_tokens=False)
 
 
-def _render(tokenizer, messages: list[dict]) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def _render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
 def encode_prompt(tokenizer, prompt: str | list[dict], chat_template: bool) -> list[int]:

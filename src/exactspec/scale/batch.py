@@ -125,8 +125,9 @@ def run_lines(engine, lines: list[Line], default_max_tokens: int = 256) -> list[
     for line, raw in lines:
         try:
             planned.append(_plan(engine, line, raw, default_max_tokens))
-        except ExactSpecError as e:
-            out[line] = _error_line(line, _raw_id(raw), e)
+        except Exception as e:  # ExactSpecError; anything else is a bug, but it must not take the run down
+            out[line] = _error_line(line, _raw_id(raw), e if isinstance(e, ExactSpecError)
+                                    else ExactSpecError(f"cannot translate this line: {type(e).__name__}: {e}"))
     for p, error in zip(planned, run_jobs(engine, [[p.job] for p in planned])):
         out[p.line] = _result_line(p) if error is None else _error_line(p.line, p.id, error)
     return [out[line] for line, _ in lines]

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine import Engine
 from ..errors import ExactSpecError
 from .body_limit import BodyLimit, unparsable
+from .families import tool_format
 from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
 from .offload import Preparer
@@ -198,10 +199,12 @@ class Routes:
 
     # --- the rest ------------------------------------------------------------------------------
     async def models(self) -> dict:
-        """The one model this server runs, and the budget of a request without max_tokens."""
+        """The one model this server runs, the budget of a request without max_tokens, and how it is shown
+        tools (`exactspec.tool_format`: a tool family of its chat template, or "generic"; families.py)."""
+        runtime = {**self.engine.runtime(), "tool_format": tool_format(getattr(self.engine.tokenizer, "chat_template", None))}
         return {"object": "list",
                 "data": [{"id": self.model_name, "object": "model", "created": self.started, "owned_by": "exactspec",
-                          "max_tokens_default": self.max_tokens_default, "exactspec": self.engine.runtime()}]}
+                          "max_tokens_default": self.max_tokens_default, "exactspec": runtime}]}
 
     async def health(self) -> JSONResponse:
         """200 while the worker thread runs; `queued` is the number of samples waiting for it."""

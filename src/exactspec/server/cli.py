@@ -56,8 +56,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb, rows=args.max_rows,
                          prefill_chunk=args.prefill_chunk)
     warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
-    print(f"exactspec: serving on {engine.hardware}; {engine.context_line()}; greedy identity "
-          f"{engine.runtime()['greedy_identity']}", file=sys.stderr, flush=True)
+    from .families import tool_format
+
+    tools = tool_format(getattr(engine.tokenizer, "chat_template", None))
+    print(f"exactspec: serving on {engine.hardware}; {engine.context_line()}; tools in the {tools} format; "
+          f"greedy identity {engine.runtime()['greedy_identity']}", file=sys.stderr, flush=True)
     app = create_app(engine, model_name(args), args.max_rows, max_tokens_default=args.max_tokens_default or None)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..errors import ExactSpecError
+from ..errors import FieldError
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_STOPS = 4  # OpenAI's limit
@@ -35,12 +35,8 @@ _TOKEN_ID = re.compile(r"-?[0-9]+", re.ASCII)
 _LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][A-Za-z_0-9]*(\{[^}]*\})?(\.-?\d+)?\s*:", re.MULTILINE)
 
 
-class LimitError(ExactSpecError):
+class LimitError(FieldError):
     """A request beyond one of the server's limits; `param` names the request field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def check_stops(stops: list[str]) -> None:

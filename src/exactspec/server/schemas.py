@@ -3,8 +3,8 @@
 Types are strict (a string where a number belongs is an error, not coerced) and every number is
 finite. Fields we cannot honour are refused (400), not ignored: `top_logprobs` without `logprobs`,
 completions' `echo` / `suffix` / a `best_of` other than n, non-text content parts. Unknown fields
-(`user`, `parallel_tool_calls`, ...) are accepted and ignored, as OpenAI clients send them (docs/server.md
-lists them). Limits that depend on the loaded model (the context size) or bound a request's cost are
+(`user`, `store`, ...) are accepted and ignored, as OpenAI clients send them (docs/server.md lists them;
+`parallel_tool_calls` is read by translate.py for a tool family's template). Limits that depend on the loaded model (the context size) or bound a request's cost are
 checked by the app (limits.py), not here.
 """
 
@@ -64,6 +64,8 @@ class ChatMessage(_Strict):
 
     @model_validator(mode="after")
     def _has_content(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls: only an assistant message carries tool_calls, not a {self.role} message")
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("a message needs content (only an assistant message with tool_calls may omit it)")
         return self

@@ -6,7 +6,8 @@ or a token's text is never sent (EOS, the tokens of a stop string), its entries 
 next chunk, at the latest the one with `finish_reason`. So the streamed entries, concatenated, are the
 non-streamed response's list, in order.
 
-Tool requests are read by `tools.CallReader`: a call starts with a chunk that names it
+Tool requests are read by their plan's reader (`tools.CallReader`, or a tool family's
+`families.CallsReader`, whose parallel calls take indexes 0, 1, ...): a call starts with a chunk that names it
 (`{"index": 0, "id", "type": "function", "function": {"name", "arguments": ""}}`), then its arguments
 stream as `{"index": 0, "function": {"arguments": fragment}}` deltas, and `finish_reason` is
 "tool_calls". A call cut short (max_tokens, or a stop string) stays a call in the stream -- its
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 from ..engine import GenerationResult
 from .responses import Shapes
-from .tools import CallReader, call_id
 from .worker import Piece
 
 
@@ -28,7 +28,8 @@ class StreamedChoice:
 
     def __init__(self, shapes: Shapes, index: int) -> None:
         self.shapes, self.index = shapes, index
-        self.reader = CallReader(shapes.tools) if shapes.tools is not None else None
+        self.reader = shapes.tools.reader() if shapes.tools is not None else None
+        self.calls = 0  # tool calls begun (a family's parallel calls stream with index 0, 1, ...)
         self.entries: list[dict] = []  # logprob entries not sent yet
         self.offset = 0  # completions: text_offset of the next entry
 
@@ -58,8 +59,12 @@ class StreamedChoice:
             if kind == "content":
                 chunks.append(self.shapes.chunk(self.index, text, logprobs=logprobs))
             else:
-                call = ({"index": 0, "id": call_id(), "type": "function", "function": {"name": text, "arguments": ""}}
-                        if kind == "call" else {"index": 0, "function": {"arguments": text}})
+                if kind == "call":
+                    self.calls += 1
+                    call = {"index": self.calls - 1, "id": self.shapes.tools.call_id(), "type": "function",
+                            "function": {"name": text, "arguments": ""}}
+                else:
+                    call = {"index": self.calls - 1, "function": {"arguments": text}}
                 chunks.append(self.shapes.chunk(self.index, logprobs=logprobs, tool_call=call))
         return chunks
 

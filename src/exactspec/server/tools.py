@@ -1,5 +1,10 @@
 """OpenAI function calling on top of grammar constraints: `tools` + `tool_choice` -> a constraint spec,
-a system prompt that shows the model its tools, and the reading of the output as `message.tool_calls`.
+how the model is shown its tools, and the reading of the output as `message.tool_calls`.
+
+A model whose chat template belongs to a tool family (families.py: Hermes / Qwen, Mistral, Granite,
+Llama 3.x) is shown the tools by its own template and answers in its own call syntax, read by
+`families.CallsReader`. Every other model gets the generic format below: a system prompt listing the
+tools, and calls read by `CallReader`:
 
     tool_choice "none" (or no tools)  -> plain text, tools not shown
     {"type": "function", "function": {"name": N}} -> output = N's arguments (JSON, its parameters schema)
@@ -18,28 +23,46 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from ..errors import ExactSpecError, FieldError
 from ..speculative.grammar import JSON_OPTIONS, grammar_from_spec
-from ..errors import ExactSpecError
+from .families import CallsReader, Family, ValueEnd, rebase
 from .limits import MAX_TOOLS, check_schema
 
 TAG = "<tool_call>"
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function name
 
 
 @dataclass
 class ToolPlan:
+    """How a request's tools are shown and its answer read. `family` None: the generic format (the
+    tools listed in `system_prompt`); a family (families.py): the chat template renders `tools` itself
+    and the answer is read in the family's call syntax."""
+
     mode: str  # "named", "required" or "auto"
     names: list[str]
     constraint: dict  # a constraint spec, as `grammar_from_spec` reads it
-    system_prompt: str
+    system_prompt: str = ""
+    family: Family | None = None
+    tools: list[dict] | None = None  # what the chat template gets as `tools` (a family's)
+
+    def reader(self) -> "CallReader | CallsReader":
+        """A reader of this plan's answer as it streams."""
+        return CallReader(self) if self.family is None else CallsReader(self.family, self.mode)
 
     def read(self, text: str, done: bool) -> tuple[str | None, list[dict] | None]:
         """The generated text -> (message content, tool_calls); a call cut short (max_tokens) stays text."""
-        reader = CallReader(self)
+        reader = self.reader()
         reader.feed(text)
-        if done and reader.complete():
-            return None, [{"id": call_id(), "type": "function",
-                           "function": {"name": reader.name, "arguments": reader.arguments}}]
-        return text, None
+        if not (done and reader.complete()):
+            return text, None
+        if self.family is not None:
+            return reader.content(), reader.tool_calls()
+        return None, [{"id": call_id(), "type": "function",
+                       "function": {"name": reader.name, "arguments": reader.arguments}}]
+
+    def call_id(self) -> str:
+        """A new call id (the family's form: Mistral's templates take 9 letters and digits)."""
+        return call_id() if self.family is None else self.family.call_id()
 
 
 def call_id() -> str:
@@ -70,7 +93,7 @@ class CallReader:
         self.sent = 0  # characters of text handed out
         self.free = False  # auto answered in text
         self.started = False  # ("call", name) was handed out
-        self._value = _ValueEnd()
+        self._value = ValueEnd()
 
     @property
     def arguments(self) -> str:
@@ -122,65 +145,35 @@ class CallReader:
             return False
 
 
-class _ValueEnd:
-    """Where a JSON value ends, found incrementally (strings and nesting tracked across calls)."""
-
-    def __init__(self) -> None:
-        self.depth, self.in_string, self.escaped, self.begun = 0, False, False, False
-
-    def feed(self, text: str, i: int) -> int:
-        """Scan text[i:] (the value began at or before i); the index just past the value, or -1."""
-        for i in range(i, len(text)):
-            c = text[i]
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif c == "\\":
-                    self.escaped = True
-                elif c == '"':
-                    self.in_string = False
-                    if self.depth == 0:
-                        return i + 1
-            elif c == '"':
-                self.in_string = self.begun = True
-            elif c in "{[":
-                self.depth += 1
-                self.begun = True
-            elif c in "}]":
-                if self.depth == 0:  # the end of a scalar: the enclosing object closes
-                    return i
-                self.depth -= 1
-                if self.depth == 0:
-                    return i + 1
-            elif c == "," and self.depth == 0 and self.begun:
-                return i
-            elif not c.isspace():
-                self.begun = True
-        return -1
-
-
-def plan_tools(tools: list | None, tool_choice) -> ToolPlan | None:
-    """Check `tools` / `tool_choice` (ExactSpecError on a bad one) -> the plan, or None (no tools used).
-    Every tool's parameters are checked (limits.py) and compiled, even under tool_choice "none"."""
+def plan_tools(tools: list | None, tool_choice, family: Family | None = None, parallel=True) -> ToolPlan | None:
+    """Check `tools` / `tool_choice` (FieldError naming the field on a bad one) -> the plan, or None (no
+    tools used). Every tool's parameters are checked (limits.py) and compiled, even under tool_choice "none".
+    `family`: the chat template's tool family (families.family_of), None for the generic format;
+    `parallel`: the request's `parallel_tool_calls` (False: one call per answer, where a family has more)."""
+    if tools is not None and not isinstance(tools, list):
+        raise FieldError("tools must be a list of tools", "tools")
     if not tools:
-        if tool_choice not in (None, "none", "auto"):
-            raise ExactSpecError("tool_choice needs tools")
+        if tool_choice is not None and tool_choice not in ("none", "auto"):
+            raise FieldError("tool_choice needs tools", "tool_choice")
         return None
+    if not isinstance(parallel, bool):
+        raise FieldError("parallel_tool_calls must be true or false", "parallel_tool_calls")
     functions = _functions(tools)
-    choice = "auto" if tool_choice is None else tool_choice
+    choice = check_choice(tool_choice, list(functions))
     if choice == "none":
         return None
     names = list(functions)
+    if family is not None:
+        schemas = {n: functions[n][0] for n in ([choice] if choice not in ("auto", "required") else names)}
+        mode = choice if choice in ("auto", "required") else "named"
+        return ToolPlan(mode, list(schemas), {"type": "grammar", "grammar": family.grammar(schemas, mode, parallel)},
+                        family=family, tools=tools)
     listing = "\n".join(json.dumps({"name": n, "description": d, "parameters": p}) for n, (p, d) in functions.items())
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-        if name not in functions:
-            raise ExactSpecError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})")
+    if choice not in ("auto", "required"):
+        name = choice
         schema = {**functions[name][0], "x-guidance": JSON_OPTIONS}
         prompt = f"Call the function {name}. Reply with its arguments as one JSON object.\n{listing}"
         return ToolPlan("named", [name], {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}, prompt)
-    if choice not in ("auto", "required"):
-        raise ExactSpecError(f"tool_choice must be none, auto, required or a named function, got {choice!r}")
     calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": n},
                                                          "arguments": rebase(functions[n][0], f"#/anyOf/{i}/properties/arguments")},
                         "required": ["name", "arguments"], "additionalProperties": False} for i, n in enumerate(names)],
@@ -195,39 +188,71 @@ def plan_tools(tools: list | None, tool_choice) -> ToolPlan | None:
     return ToolPlan("auto", names, {"type": "grammar", "grammar": lark}, prompt)
 
 
+def check_choice(tool_choice, names: list[str]) -> str:
+    """`tool_choice` checked against the tools' `names` -> "none", "auto", "required" or the named tool's
+    name; a FieldError names the part that is wrong (`tool_choice.function.name`, ...)."""
+    if tool_choice is None:
+        return "auto"
+    if isinstance(tool_choice, str):
+        if tool_choice not in ("none", "auto", "required"):
+            raise FieldError(f"tool_choice must be none, auto, required or a named function, got {tool_choice!r}",
+                             "tool_choice")
+        return tool_choice
+    if not isinstance(tool_choice, dict):
+        raise FieldError("tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                         "tool_choice")
+    if tool_choice.get("type") != "function":
+        raise FieldError(f"tool_choice.type must be \"function\", got {tool_choice.get('type')!r}", "tool_choice.type")
+    function = tool_choice.get("function")
+    if not isinstance(function, dict):
+        raise FieldError(f"tool_choice.function must be an object {{\"name\": ...}}, got {_shown(function)}",
+                         "tool_choice.function")
+    name = function.get("name")
+    if not isinstance(name, str):
+        raise FieldError(f"tool_choice.function.name must be a string, got {_shown(name)}", "tool_choice.function.name")
+    if name not in names:
+        raise FieldError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
+                         "tool_choice.function.name")
+    return name
+
+
+def _shown(value) -> str:
+    """A short rendering of a bad value for an error message."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _functions(tools: list) -> dict[str, tuple[dict, str]]:
-    """name -> (parameters schema, description) of each tool, checked: unique names, schemas within
-    the limits that compile."""
+    """name -> (parameters schema, description) of each tool, checked: the OpenAI shape, unique names,
+    schemas within the limits that compile. A FieldError names the tool and field (`tools[2].function.name`)."""
     if len(tools) > MAX_TOOLS:
-        raise ExactSpecError(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}")
+        raise FieldError(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
     functions = {}
     for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ExactSpecError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", ...}}}}")
-        if fn["name"] in functions:
-            raise ExactSpecError(f"tools[{i}]: the name {fn['name']!r} is used by two tools")
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise FieldError(f'{where} must be {{"type": "function", "function": {{"name", ...}}}}', where)
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise FieldError(f'{where}.function must be an object {{"name", "description", "parameters"}}',
+                             f"{where}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise FieldError(f"{where}.function.name must be 1 to 64 letters, digits, _ or -, got {_shown(name)}",
+                             f"{where}.function.name")
+        if name in functions:
+            raise FieldError(f"{where}: the name {name!r} is used by two tools", f"{where}.function.name")
+        description = fn.get("description", "")
+        if not isinstance(description, str):
+            raise FieldError(f"{where}.function.description must be a string", f"{where}.function.description")
         params = fn.get("parameters", {"type": "object"})
         if not isinstance(params, dict):
-            raise ExactSpecError(f"tools[{i}].function.parameters must be a JSON schema object")
-        check_schema(params, f"tools[{i}].function.parameters")
+            raise FieldError(f"{where}.function.parameters must be a JSON schema object",
+                             f"{where}.function.parameters")
+        check_schema(params, f"{where}.function.parameters")
         try:
-            grammar_from_spec({"type": "json_schema", "json_schema": {"name": fn["name"], "schema": params}})
+            grammar_from_spec({"type": "json_schema", "json_schema": {"name": name, "schema": params}})
         except ExactSpecError as e:
-            raise ExactSpecError(f"tools[{i}].function.parameters: {e}") from None
-        functions[fn["name"]] = (params, fn.get("description", ""))
+            raise FieldError(f"{where}.function.parameters: {e}", f"{where}.function.parameters") from None
+        functions[name] = (params, description)
     return functions
-
-
-def rebase(schema, base: str):
-    """`schema` with its local references ("#", "#/$defs/X") rewritten to point below `base` (a JSON
-    pointer to where the schema is embedded), so `$defs` keep working inside a larger schema."""
-    if isinstance(schema, list):
-        return [rebase(item, base) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: rebase(value, base) for key, value in schema.items()}
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        out["$ref"] = base + ref[1:]
-    return out

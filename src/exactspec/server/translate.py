@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..batching import Job
+from ..chat_prompt import encode_chat
 from ..engine import Engine
-from ..errors import ExactSpecError
+from ..errors import ExactSpecError, FieldError
 from ..generation import GenerationResult, LawSpec, Request
 from ..speculative.law import Penalties
 from ..speculative.sampling import SamplingParams
+from .families import family_of
 from .history import for_template
 from .limits import LimitError, check_constraint, check_stops, token_id
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -46,14 +48,14 @@ def plan_chat(engine: Engine, body: ChatCompletionRequest,
               max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> tuple[list[Job], ToolPlan | None]:
     """A chat request's tools, messages (tool history included, see history.py) and jobs."""
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    template = getattr(engine.tokenizer, "chat_template", None)
     try:
-        tools = plan_tools(body.tools, body.tool_choice)
-    except LimitError as e:
+        parallel = (body.model_extra or {}).get("parallel_tool_calls", True)
+        tools = plan_tools(body.tools, body.tool_choice, family_of(template), True if parallel is None else parallel)
+    except FieldError as e:
         raise ApiError(400, str(e), e.param) from None
-    except ExactSpecError as e:
-        raise ApiError(400, str(e), "tool_choice" if body.tools else "tools") from None
-    messages = for_template(body.chat(), getattr(engine.tokenizer, "chat_template", None))
-    if tools is not None:  # show the model its tools in the system message
+    messages = for_template(body.chat(), template)
+    if tools is not None and tools.family is None:  # the generic format: the tools in the system message
         if messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + tools.system_prompt}
         else:
@@ -75,7 +77,8 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     law = law_spec(engine, body, tools)
-    ids = prompt_ids(engine, prompt, chat_template, budget, prompt_param, budget_param)
+    shown = tools.tools if tools is not None else None  # a tool family's template lays them out itself
+    ids = prompt_ids(engine, prompt, chat_template, budget, prompt_param, budget_param, shown)
     context = engine.target.max_length
     room = context - (len(engine.target.decoder_prompt) if engine.is_encoder_decoder else len(ids))
     try:
@@ -87,10 +90,14 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
 
 
 def prompt_ids(engine: Engine, prompt: str | list[dict], chat_template: bool | None, budget: int | None,
-               prompt_param: str, budget_param: str) -> list[int]:
-    """The prompt's token ids, checked to leave room in the context (and the budget to fit it)."""
+               prompt_param: str, budget_param: str, tools: list[dict] | None = None) -> list[int]:
+    """The prompt's token ids, checked to leave room in the context (and the budget to fit it). `tools`:
+    chat messages rendered with the template's own `tools` (a tool family's, families.py)."""
     try:
-        ids = engine.new_result(prompt, chat_template).prompt_token_ids
+        if tools:
+            ids = encode_chat(engine.tokenizer, prompt, tools)
+        else:
+            ids = engine.new_result(prompt, chat_template).prompt_token_ids
     except Exception as e:  # ExactSpecError, or a chat template refusing the messages (jinja2 errors)
         raise ApiError(400, f"cannot encode the prompt: {e}", prompt_param) from None
     context = engine.target.max_length

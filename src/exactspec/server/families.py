@@ -1,0 +1,265 @@
+"""Tool-call families: how a chat template shows tools to its model, and the syntax that model was trained
+to call them in. One small table drives the three places that depend on it: rendering (a family's
+template gets the request's `tools` itself), the constraint (a grammar that leaves text free until the
+family's marker, then holds every call to its tool's JSON schema), and the reader (`CallsReader`: the
+output -> content and `tool_calls`, whole or as stream deltas).
+
+A call is written `open + call (sep call)* + close`, each call one JSON object {"name": N, KEY: {...}}
+with the separators the templates' `tojson` writes (", " and ": "), so the forced tokens are the ones the
+model saw in training:
+
+    hermes       <tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>     Qwen 2.5 / 3, Hermes 2 / 3, SmolLM3
+    mistral      [TOOL_CALLS] [{"name": N, "arguments": {...}}, ...]            Mistral 7B v0.3, Nemo, Small (v3 layout)
+    granite      <|tool_call|>[{"name": N, "arguments": {...}}, ...]           Granite 3.x
+    llama3_json  {"name": N, "parameters": {...}}  (the whole answer)         Llama 3.1 / 3.2 / 3.3
+
+A template that uses `tools` but matches no family, and one without tools (SmolLM2's), get the generic
+format of tools.py (a system prompt listing the tools, calls after `<tool_call>`). Markers are matched as
+text: a template whose marker is a special token the detokeniser skips (a real Mistral vocabulary's
+`[TOOL_CALLS]`) is read from the call's JSON on (the marker is not in the released text).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass
+
+SEPARATORS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One way of calling tools: how a template is recognised and how its model writes calls."""
+
+    name: str
+    marks: tuple[str, ...]  # all of these in a template's source (and `tools`) -> this family
+    marker: str  # the text that starts the calls ("" = the answer itself is the call)
+    open: str  # the text from the marker to the first call's "{"
+    sep: str  # between two calls
+    close: str  # after the last call
+    key: str = "arguments"  # the key of a call's arguments
+    parallel: bool = True  # more than one call per answer
+    id_chars: int = 0  # call ids the template demands: N letters and digits (0: "call_" + 24 hex)
+    models: str = ""
+
+    def call_id(self) -> str:
+        """A new tool call id in the form this family's templates accept."""
+        if self.id_chars:
+            return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(self.id_chars))
+        return f"call_{secrets.token_hex(12)}"
+
+    def grammar(self, schemas: dict[str, dict], mode: str, parallel: bool = True) -> str:
+        """A Lark grammar (llguidance) for an answer under `mode` ("auto", "required" or "named": then
+        `schemas` holds the one tool): under auto, text is free until the marker (llama3_json: unless the
+        answer starts with "{"), from there the calls hold their tools' schemas; otherwise the answer
+        starts with the calls. `parallel` False (the request's `parallel_tool_calls`): one call at most."""
+        obj = {"anyOf": [{"type": "object", "properties": {"name": {"const": name}, self.key: rebase(
+                   schema, f"#/anyOf/{i}/properties/{self.key}")},
+                          "required": ["name", self.key], "additionalProperties": False}
+                         for i, (name, schema) in enumerate(schemas.items())], "x-guidance": SEPARATORS}
+        more = f" ({_lit(self.sep)} obj)*" if self.parallel and parallel and mode != "named" else ""
+        rules = [f"calls: obj{more} {_lit(self.close)}" if self.close else f"calls: obj{more}",
+                 f"obj: %json {json.dumps(obj)}"]
+        if mode != "auto":
+            return "\n".join([f"start: {_lit(self.open)} calls" if self.open else "start: calls", *rules]) + "\n"
+        if not self.marker:  # the call is the whole answer: text is anything that does not start with "{"
+            return "\n".join(["start: TEXT | calls", *rules, "TEXT: /[^{](.|\\n)*/"]) + "\n"
+        m, rest = _re(self.marker), self.open[len(self.marker):]
+        lead = f"start: TEXT | LEAD {_lit(rest)} calls" if rest else "start: TEXT | LEAD calls"
+        return "\n".join([lead, *rules, f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{m}(.|\\n)*/",
+                          f"LEAD: /(.|\\n)*{m}/ & ~/(.|\\n)*{m}(.|\\n)+/"]) + "\n"
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("hermes", ("<tool_call>",), "<tool_call>", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n",
+           "\n</tool_call>", models="Qwen 2.5 / 3, Hermes 2 / 3, SmolLM3"),
+    Family("mistral", ("[TOOL_CALLS]",), "[TOOL_CALLS]", "[TOOL_CALLS] [", ", ", "]", id_chars=9,
+           models="Mistral 7B Instruct v0.3, Mistral Nemo, Mistral Small (v3 layout)"),
+    Family("granite", ("<|tool_call|>",), "<|tool_call|>", "<|tool_call|>[", ", ", "]", models="Granite 3.x"),
+    Family("llama3_json", ("<|start_header_id|>", "parameters"), "", "", "", "", key="parameters", parallel=False,
+           models="Llama 3.1 / 3.2 / 3.3 (JSON calls)"),
+)
+
+
+def family_of(template: str | None) -> Family | None:
+    """The family whose layout a chat template uses, or None (the generic format): the template must use
+    `tools` and carry all of a family's marks; the first such family of FAMILIES wins."""
+    if not template or "tools" not in template:
+        return None
+    return next((f for f in FAMILIES if all(mark in template for mark in f.marks)), None)
+
+
+def tool_format(template: str | None) -> str:
+    """What a model with this chat template gets for tools, in a word: a family's name or "generic"."""
+    family = family_of(template)
+    return family.name if family else "generic"
+
+
+def _lit(text: str) -> str:
+    """A Lark string literal."""
+    return json.dumps(text)
+
+
+def _re(text: str) -> str:
+    """`text` as a literal inside a /regex/ of a Lark grammar."""
+    return "".join("\\" + c if c in r"\/.^$*+?()[]{}|&~-" else ("\\n" if c == "\n" else c) for c in text)
+
+
+def rebase(schema, base: str):
+    """`schema` with local references ("#", "#/$defs/X") rewritten to point below `base`, a JSON pointer to
+    where it is embedded, so `$defs` keep working inside a larger schema."""
+    if isinstance(schema, list):
+        return [rebase(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: rebase(value, base) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
+_STRING = r'"(?:[^"\\]|\\.)*"'
+
+
+class CallsReader:
+    """Reads a family's answer as it grows (`feed` the released text) into stream deltas: ("content", text)
+    before the marker (text that might be the marker's start is held back), ("call", name) when a call's
+    name is complete, ("arguments", fragment) for the next characters of its arguments value (the
+    model's own text of it). `flush` hands back held text that never became a call."""
+
+    def __init__(self, family: Family, mode: str) -> None:
+        self.family, self.text = family, ""
+        self.head = re.compile(r'\{\s*"name"\s*:\s*(' + _STRING + r')\s*,\s*"' + family.key + r'"\s*:\s*(?=\S)')
+        self.calls: list[dict] = []  # {"name", "start", "end"}: where each call's arguments value lies
+        self.begin: int | None = None if mode == "auto" else 0  # where the calls begin (after the content)
+        self.sent = 0  # characters handed out (content, or the current call's arguments)
+        self._value: ValueEnd | None = None
+        self.free = False  # auto answered in text
+
+    @property
+    def started(self) -> bool:
+        return bool(self.calls)
+
+    def content(self) -> str | None:
+        """The text before the calls (None when there is none but whitespace)."""
+        text = self.text if self.begin is None else self.text[:self.begin]
+        return text if text.strip() else None
+
+    def arguments(self, i: int) -> str:
+        call = self.calls[i]
+        return self.text[call["start"]:call["end"] if call["end"] is not None else len(self.text)]
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        self.text += piece
+        out: list[tuple[str, str]] = []
+        if self.begin is None:
+            if not self.free:
+                self._find_begin()
+            hold = self.begin
+            if hold is None:
+                hold = len(self.text) - (0 if self.free else _partial(self.text, self.family.marker or "{"))
+            if hold > self.sent:
+                out.append(("content", self.text[self.sent:hold]))
+                self.sent = hold
+            if self.begin is None:
+                return out
+        while True:
+            if not self.calls or self.calls[-1]["end"] is not None:
+                from_ = self.begin if not self.calls else self.calls[-1]["end"]
+                m = self.head.search(self.text, from_)
+                if m is None:
+                    return out
+                self.calls.append({"name": json.loads(m.group(1)), "start": m.end(), "end": None})
+                self.sent, self._value = m.end(), ValueEnd()
+                out.append(("call", self.calls[-1]["name"]))
+            call = self.calls[-1]
+            end = self._value.feed(self.text, max(self.sent, call["start"]))
+            stop = len(self.text) if end < 0 else end
+            if stop > self.sent:
+                out.append(("arguments", self.text[self.sent:stop]))
+                self.sent = stop
+            if end < 0:
+                return out
+            call["end"] = end
+
+    def _find_begin(self) -> None:
+        marker = self.family.marker
+        if not marker:  # the answer is a call when it starts with "{"
+            stripped = self.text.lstrip()
+            if stripped:
+                self.begin, self.free = (len(self.text) - len(stripped), False) if stripped[0] == "{" else (None, True)
+            return
+        at = self.text.find(marker)
+        if at >= 0:
+            self.begin = at
+
+    def flush(self) -> list[tuple[str, str]]:
+        """At the end of the output: held text that never became a call, as content."""
+        if self.calls or self.sent >= len(self.text):
+            return []
+        held, self.sent = self.text[self.sent:], len(self.text)
+        return [("content", held)]
+
+    def complete(self) -> bool:
+        """Whole calls: every arguments value is valid JSON and the answer ends with the family's close."""
+        if not self.calls or any(c["end"] is None for c in self.calls):
+            return False
+        try:
+            [json.loads(self.arguments(i)) for i in range(len(self.calls))]
+        except ValueError:
+            return False
+        tail = self.text[self.calls[-1]["end"]:].strip()
+        return tail.startswith("}") and tail[1:].strip() == self.family.close.strip()
+
+    def tool_calls(self) -> list[dict]:
+        return [{"id": self.family.call_id(), "type": "function",
+                 "function": {"name": c["name"], "arguments": self.arguments(i)}} for i, c in enumerate(self.calls)]
+
+
+def _partial(text: str, marker: str) -> int:
+    """How many trailing characters of `text` are a proper prefix of `marker` (held back: they may open it)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ValueEnd:
+    """Where a JSON value ends, found incrementally (strings and nesting tracked across calls)."""
+
+    def __init__(self) -> None:
+        self.depth, self.in_string, self.escaped, self.begun = 0, False, False, False
+
+    def feed(self, text: str, i: int) -> int:
+        """Scan text[i:] (the value began at or before i); the index just past the value, or -1."""
+        for i in range(i, len(text)):
+            c = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        return i + 1
+            elif c == '"':
+                self.in_string = self.begun = True
+            elif c in "{[":
+                self.depth += 1
+                self.begun = True
+            elif c in "}]":
+                if self.depth == 0:  # the end of a scalar: the enclosing object closes
+                    return i
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+            elif c == "," and self.depth == 0 and self.begun:
+                return i
+            elif not c.isspace():
+                self.begun = True
+        return -1
