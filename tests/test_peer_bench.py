@@ -12,6 +12,7 @@ from exactspec.bench import peer
 from exactspec.errors import ExactSpecError
 from exactspec.server.app import create_app
 
+from .conftest import prefix_cached
 from .test_server import _running
 
 
@@ -20,33 +21,62 @@ def api(embedded_llamacpp):
     yield from _running(create_app(embedded_llamacpp, model_name="peer-test"), None)
 
 
-def test_the_client_reads_our_server(api, monkeypatch):
+def test_the_client_reads_our_server(api, embedded_llamacpp, monkeypatch):
     monkeypatch.setitem(peer.MAX_TOKENS, "chat", 8)
     monkeypatch.setitem(peer.MAX_TOKENS, "concurrent", 8)
-    seconds, tokens, texts = peer.run_workload(api.base, "chat", {"gamma": 0}, 1)
-    assert seconds > 0 and len(texts) == len(peer.load_workload("chat")) and 0 < tokens <= 8 * len(texts)
-    together = peer.run_workload(api.base, "concurrent", {}, 4)  # gamma auto, 4 requests at a time
-    assert together[2] == texts  # greedy: the same texts, batched or not, speculative or not
+    alone = peer.run_workload(api.base, "chat", {"gamma": 0})
+    texts = [c.text for c in alone.calls]
+    assert alone.seconds > 0 and len(texts) == len(peer.load_workload("chat")) and 0 < alone.tokens <= 8 * len(texts)
+    together = peer.run_workload(api.base, "concurrent", {})  # gamma auto, 8 requests at a time
+    assert [c.text for c in together.calls] == texts  # greedy: the same texts, batched or not, speculative or not
+    streamed = peer.chat(api.base, [{"role": "user", "content": peer.load_workload("chat")[0]}], 8, {}, stream=True)
+    assert streamed.text == texts[0] and streamed.tokens == alone.calls[0].tokens  # usage read from the last chunk
+    assert 0 < streamed.ttft <= streamed.seconds and streamed.max_gap >= 0
+    with prefix_cached(embedded_llamacpp):
+        for _ in range(2):
+            again = peer.chat(api.base, [{"role": "user", "content": peer.load_workload("chat")[0]}], 8, {})
+    assert again.cached > 0 and again.text == texts[0]  # the server's own count of prompt tokens from its cache
     with pytest.raises(ExactSpecError, match="answered 400: .*max_tokens"):  # what the server said, one line
         peer.chat(api.base, [{"role": "user", "content": "hi"}], -1, {})
 
 
-def test_table_ratios_and_the_exactness_column():
-    servers = [peer.Server("llama-server", [], {"llama-server": {}}, "llama-server"),
-               peer.Server("llama-server --spec-default", [], {"llama-server --spec-default": {}}, "llama-server"),
-               peer.Server("exactspec", [], {"exactspec plain": {"gamma": 0}, "exactspec": {}}, "exactspec plain")]
-    results = {("chat", "llama-server"): peer.Result([2.0, 2.0], [100, 100], [["a", "b"], ["a", "b"]]),
-               ("chat", "llama-server --spec-default"): peer.Result([1.0, 1.0], [100, 100], [["a", "c"], ["a", "c"]]),
-               ("chat", "exactspec plain"): peer.Result([4.0, 4.0], [100, 100], [["x", "y"], ["x", "y"]]),
-               ("chat", "exactspec"): peer.Result([1.0, 1.0], [100, 100], [["x", "y"], ["x", "y"]])}
-    rows = {r["method"]: r for r in peer.table_rows(servers, ["chat"], results)}
-    assert rows["llama-server"]["vs_llama_server_plain"] == 1.0
-    assert rows["llama-server --spec-default"]["vs_llama_server_plain"] == 2.0
-    assert not rows["llama-server --spec-default"]["same_text_as_own_plain"]  # its output changed
-    assert rows["exactspec plain"]["vs_llama_server_plain"] == 0.5
-    assert rows["exactspec"]["vs_llama_server_plain"] == 2.0 and rows["exactspec"]["same_text_as_own_plain"]
-    assert {"workload", "temperature", "method", "drafter", "gamma", "tokens_per_s"} <= rows["exactspec"].keys()
-    assert "| chat | exactspec | 1.00 | 100.0 | 2.00× | yes |" in peer.peer_table(list(rows.values()))
+def test_join_measures_the_stream_and_the_joiner(api, embedded_llamacpp, monkeypatch):
+    """`join`: a chat answer streams while a long prompt joins: the stream's gaps, the joiner's TTFT
+    (here a shortened system prompt: the test engine's context is 1,024 tokens)."""
+    work = peer.long_agent()
+    assert 3000 < len(embedded_llamacpp.encode(work["system"])) < 4000 and len(work["transcripts"]) == 3
+    monkeypatch.setattr(peer, "long_agent", lambda: {**work, "system": work["system"][:2000]})
+    monkeypatch.setitem(peer.MAX_TOKENS, "join", 24)
+    stream, joiner = peer.join(api.base, {}, delay_s=0.2)
+    assert stream.tokens > 0 and stream.max_gap is not None and 0 < joiner.ttft <= joiner.seconds
+
+
+def rounds(*specs) -> list:
+    """Rounds of (seconds, tokens, texts)."""
+    return [peer.Round(s, [peer.Call(t, n // len(texts), s) for t in texts]) for s, n, texts in specs]
+
+
+def test_table_ratios_phases_and_the_exactness_column():
+    servers = [peer.Server("llama-server", [], "llama-server"),
+               peer.Server("llama-server --spec-default", [], "llama-server"),
+               peer.Server("exactspec plain", [], "exactspec plain"),
+               peer.Server("exactspec", [], "exactspec plain")]
+    results = {"llama-server": rounds((2.0, 100, ["a", "b"]), (2.0, 100, ["a", "b"]), (4.0, 100, ["a", "b"])),
+               "llama-server --spec-default": rounds((1.0, 100, ["a", "c"]), (1.0, 100, ["a", "c"]), (1.0, 100, ["a", "c"])),
+               "exactspec plain": rounds((4.0, 100, ["x", "y"]), (4.0, 100, ["x", "y"]), (4.0, 100, ["x", "y"])),
+               "exactspec": rounds((2.0, 100, ["x", "y"]), (1.0, 100, ["x", "y"]), (1.0, 100, ["x", "y"]))}
+    rows = {(r["phase"], r["method"]): r for r in peer.table_rows(servers, "chat", results)}
+    assert rows[("cold", "llama-server")]["vs_llama_server_plain"] == 1.0
+    assert rows[("cold", "llama-server --spec-default")]["vs_llama_server_plain"] == 2.0
+    assert not rows[("cold", "llama-server --spec-default")]["same_text_as_own_plain"]  # its output changed
+    assert rows[("cold", "exactspec plain")]["vs_llama_server_plain"] == 0.5
+    cold, warm = rows[("cold", "exactspec")], rows[("warm", "exactspec")]
+    assert cold["vs_llama_server_plain"] == 1.0 and cold["same_text_as_own_plain"]
+    # warm: 200 tokens in 2 s against 200 in 6 s -> 3.0x from the printed figures (per-round ratios 2x and 4x)
+    assert warm["tokens_per_s"] == 100.0 and warm["vs_llama_server_plain"] == 3.0 and warm["ratio_range"] == [2.0, 4.0]
+    assert {"workload", "temperature", "method", "drafter", "gamma", "tokens_per_s"} <= warm.keys()
+    table = peer.peer_table(list(rows.values()))
+    assert "| chat | warm | exactspec | 100.0 | 3.00× [2.00–4.00] | 0 | yes |" in table
 
 
 def test_bad_peer_options_are_one_line_errors(tmp_path):

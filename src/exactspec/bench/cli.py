@@ -50,14 +50,17 @@ def add_bench_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     bench.add_argument("--plot", metavar="FILE.png", help="plot measured and predicted speed-up vs gamma")
     bench.add_argument("--batch", metavar="B,...", help="instead: batched throughput for these batch sizes "
                        "(batched speculative vs batched plain vs B sequential runs), e.g. 1,4,8")
-    bench.add_argument("--peer", metavar="LLAMA_SERVER", help="instead: the peer bench (bench/peer.py): start this "
-                       "llama-server binary and `exactspec serve` on the same GGUF and threads, send both the same "
-                       "requests (--peer-workloads) through one client, --reps interleaved rounds; report both side "
-                       "by side, llama-server's own speculation as extra rows, and whether each row's texts equal "
-                       "its own plain row's")
-    bench.add_argument("--peer-workloads", default="agent,edit,chat",
-                       help="comma list of agent, edit, chat, concurrent (the chat prompts, up to 8 at a time; give "
-                            "llama-server slots with --peer-args '--parallel 8') (default agent,edit,chat)")
+    bench.add_argument("--peer", metavar="LLAMA_SERVER", help="instead: the peer bench (bench/peer.py): this "
+                       "llama-server binary and `exactspec serve` on the same GGUF and threads, one process per row "
+                       "(llama-server plain, its own speculation, exactspec --gamma 0, exactspec's defaults), started "
+                       "anew for each workload; the same requests through one client, --reps rounds alternating the "
+                       "rows' order; the first (cold) round reported apart from the rest (warm: a replay), ratios "
+                       "from the figures beside them, and whether each row's texts equal its own plain row's")
+    bench.add_argument("--peer-workloads", default="agent,long-agent,edit,chat,join",
+                       help="comma list of agent, long-agent (3 sessions interleaved behind a ~3.3k-token system "
+                            "prompt of tool specs: step latency, TTFT), edit, chat, concurrent (the chat prompts 8 "
+                            "at a time), join (a long prompt arrives while a chat answer streams: the stream's worst "
+                            "gap, the joiner's TTFT) (default %(default)s)")
     bench.add_argument("--peer-args", default="", metavar="ARGS", help="extra llama-server arguments for every row")
     bench.add_argument("--peer-spec", default=";".join(peer_spec_default()), metavar="FLAGS;...",
                        help="llama-server speculation rows, one per ';'-separated flag set (default: %(default)s; "
@@ -191,7 +194,7 @@ def _bench_peer(args: argparse.Namespace) -> int:
 
     from ..device import cpu_label
     from ..embedded import embedded_model_path
-    from ..models.llama_cpp import default_threads
+    from ..models.llama_cpp import default_threads, resolve_repack
     from .peer import WORKLOADS, environment, peer_table, run_peer_bench, servers
 
     if not (os.path.isfile(args.peer) and os.access(args.peer, os.X_OK)):
@@ -204,12 +207,16 @@ def _bench_peer(args: argparse.Namespace) -> int:
     threads = args.threads or default_threads()
     spec = tuple(f.strip() for f in args.peer_spec.split(";") if f.strip())
     say = lambda text: print(f"exactspec: peer bench: {text}", file=sys.stderr, flush=True)  # noqa: E731
-    say(f"{cpu_label()}, {threads} threads, {environment()}")
+    no_repack = not resolve_repack(gguf)  # llama-server keeps the GGUF's layout where our probe had to
+    say(f"{cpu_label()}, {threads} threads, {environment()}{'; llama-server --no-repack' if no_repack else ''}")
     with tempfile.TemporaryDirectory(prefix="exactspec-peer-") as logs:
-        rows = run_peer_bench(servers(args.peer, gguf, threads, spec, shlex.split(args.peer_args)), workloads,
-                              args.reps, log_dir=logs, say=say)
-    report = {"hardware": f"{cpu_label()}, {threads} threads", "environment": environment(), "rows": rows}
-    print(json.dumps(report) if args.json else f"{peer_table(rows)}\n\n{report['hardware']}; {report['environment']}")
+        rows = run_peer_bench(servers(args.peer, gguf, threads, spec, shlex.split(args.peer_args), no_repack=no_repack),
+                              workloads, args.reps, log_dir=logs, say=say)
+    report = {"hardware": f"{cpu_label()}, {threads} threads", "environment": environment(),
+              "llama_server_no_repack": no_repack, "rows": rows}
+    repack = "; llama-server --no-repack (our probe turned repacking off)" if no_repack else ""
+    print(json.dumps(report) if args.json else
+          f"{peer_table(rows)}\n\n{report['hardware']}; {report['environment']}{repack}")
     return 0
 
 

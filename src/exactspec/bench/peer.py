@@ -1,22 +1,31 @@
 """The peer bench: `exactspec serve` against llama.cpp's own `llama-server` on the same GGUF, threads,
 machine, requests and client, so a figure says what a user gains over the engine they already run.
 
-Both servers are started here on loopback, each as its own process with the same environment (printed:
-OpenMP's waiting policy alone moved llama.cpp 2.5x on this project's machines), and kept up for the
-whole run; the requests go through ONE plain HTTP client (OpenAI chat completions, greedy, non-streamed),
-to one server at a time, rounds interleaving the servers (the order rotating per round). Rows:
+Every row is its OWN server process (llama-server plain, one per `spec` flag set, exactspec with
+`--gamma 0`, exactspec's defaults), all started anew for each workload on loopback with the same
+environment (printed: OpenMP's waiting policy alone moved llama.cpp 2.5x here). So nothing a row
+cached (prefix cache, drafter store, llama-server's slots) comes from another row or workload:
 
-    llama-server                  plain decoding (the reference of every ratio)
-    llama-server <flags>          each of `spec` (its own speculation, e.g. --spec-default), one process each
-    exactspec plain               our server, requests with gamma 0
-    exactspec                     our server's defaults (its drafter, gamma auto)
+    cold   round 1: every server sees the workload's requests for the first time
+    warm   rounds 2..n: the same requests again (a replay: prefix caches hold the earlier rounds)
 
-Workloads (the bench's data files): `agent` (each transcript of workloads/agent.json replayed step by
-step, every server continuing from its OWN answers, as an agent would), `edit` and `chat` (their prompts,
-one request each); `concurrent` sends the chat prompts `concurrency` at a time (llama-server then needs
---parallel N slots, given in `peer_args`). Per row: seconds per workload round, completion tokens/s
-(the servers' own `usage`), the ratio to llama-server plain, and whether its texts equal its own plain
-row's (llama-server's speculation against llama-server plain, ours against ours): the exactness column.
+Rounds alternate the rows' order (A B C D, D C B A, ...) so the machine's drift cancels; each ratio
+is computed from the figures printed beside it (tokens / seconds summed over the phase's rounds), and
+the spread of the per-round ratios is printed with it. Requests go through ONE plain HTTP client
+(OpenAI chat completions, greedy). Workloads (the bench's data files):
+
+    agent       workloads/agent.json's sessions one after another, each step continuing from the
+                server's OWN answers (as an agent does)
+    long-agent  3 of those sessions interleaved round-robin behind a ~3.3k-token system prompt of 15
+                tool specifications (workloads/long-agent.json), streamed: per-step latency (p50, p90,
+                mean; first steps and later ones apart) and time to first token
+    edit, chat  their prompts, one request at a time
+    concurrent  the chat prompts 8 at a time (llama-server gets --parallel 8)
+    join        one chat answer streams; 1 s in, the long-agent prompt arrives (llama-server gets
+                --parallel 2): the stream's worst gap between two tokens, the joining prompt's TTFT
+
+Per row: tokens/s (the servers' own `usage`), the ratio to llama-server plain, cached prompt tokens
+(both servers' own count), and whether its texts equal its own plain row's: the exactness column.
 """
 
 from __future__ import annotations
@@ -27,29 +36,34 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib import resources
 
 from ..errors import ExactSpecError
 from .workloads import load_workload
 
-WORKLOADS = ("agent", "edit", "chat", "concurrent")
-MAX_TOKENS = {"agent": None, "edit": 320, "chat": 96, "concurrent": 96}  # agent: the workload's own budget
-SPEC = ("--spec-default", "--spec-type ngram-simple")  # llama-server's own speculation rows
+WORKLOADS = ("agent", "long-agent", "edit", "chat", "concurrent", "join")
+MAX_TOKENS = {"edit": 320, "chat": 96, "concurrent": 96, "join": 160}  # agent, long-agent: the workload's own
+PARALLEL = {"concurrent": 8, "join": 2}  # llama-server slots the workload needs (ours batches without)
+LATENCY = ("long-agent", "join")  # streamed workloads, reported by latency
+SPEC = ("--spec-default",)  # llama-server's own speculation rows
 ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_PROC_BIND")
+CONTEXT = 8192  # per server (llama-server: per slot), room for long-agent's prompt and history
 
 
 @dataclass
 class Server:
-    """A server process and the request variants it answers as rows (row name -> extra body fields)."""
+    """One row: a server process, the extra body fields its requests carry, the row whose texts it must equal."""
 
     name: str
     argv: list[str]
-    rows: dict[str, dict]
-    plain: str  # the row whose texts the others must equal
+    plain: str
+    extra: dict = field(default_factory=dict)
     port: int = 0
     process: subprocess.Popen | None = None
     log: object = None
@@ -60,10 +74,25 @@ class Server:
 
 
 @dataclass
-class Result:
-    seconds: list[float] = field(default_factory=list)  # per round
-    tokens: list[int] = field(default_factory=list)
-    texts: list[list[str]] = field(default_factory=list)  # per round, in request order
+class Call:
+    """One request as the client saw it."""
+
+    text: str
+    tokens: int  # completion tokens (the server's usage; streamed without usage: content chunks)
+    seconds: float  # request to last byte
+    ttft: float | None = None  # streamed: request to first content
+    max_gap: float | None = None  # streamed: longest wait between two content chunks
+    cached: int = 0  # prompt tokens the server took from its cache (its own count)
+
+
+@dataclass
+class Round:
+    seconds: float  # wall time of the round
+    calls: list[Call]
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.tokens for c in self.calls)
 
 
 def free_port() -> int:
@@ -73,27 +102,37 @@ def free_port() -> int:
 
 
 def servers(llama_server: str, gguf: str, threads: int, spec: tuple[str, ...] = SPEC,
-            peer_args: list[str] | None = None, exactspec_args: list[str] | None = None) -> list[Server]:
-    """llama-server plain, one llama-server per `spec` flag set, and one exactspec server (two rows)."""
-    base = [llama_server, "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c", "4096", "--host", "127.0.0.1",
-            *(peer_args or [])]
-    out = [Server("llama-server", base, {"llama-server": {}}, "llama-server")]
-    for flags in spec:
-        name = f"llama-server {flags}"
-        out.append(Server(name, base + flags.split(), {name: {}}, "llama-server"))
+            peer_args: list[str] | None = None, exactspec_args: list[str] | None = None,
+            no_repack: bool = False) -> list[Server]:
+    """llama-server plain, one llama-server per `spec` flag set, exactspec plain and exactspec defaults.
+    `no_repack`: llama-server keeps the GGUF's weight layout, as our adapter does where its probe turned
+    repacking off (AMX VMs whose repacked kernels crash)."""
+    base = [llama_server, "-m", gguf, "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
+            *(["--no-repack"] if no_repack else []), *(peer_args or [])]
+    out = [Server("llama-server", base, "llama-server")]
+    out += [Server(f"llama-server {flags}", base + flags.split(), "llama-server") for flags in spec]
     ours = [sys.executable, "-m", "exactspec.cli", "serve", "--target", gguf, "--threads", str(threads),
-            *(exactspec_args or [])]
-    out.append(Server("exactspec", ours, {"exactspec plain": {"gamma": 0}, "exactspec": {}}, "exactspec plain"))
+            "--ctx-size", str(CONTEXT), *(exactspec_args or [])]
+    out += [Server("exactspec plain", ours + ["--gamma", "0"], "exactspec plain"),
+            Server("exactspec", ours, "exactspec plain")]
     return out
 
 
-def start(server: Server, log_dir: str, timeout_s: float = 600) -> None:
+def argv_for(server: Server, workload: str) -> list[str]:
+    """The server's command line for `workload`: llama-server gets the slots it needs, each of CONTEXT tokens."""
+    if not server.name.startswith("llama-server"):
+        return server.argv
+    slots = PARALLEL.get(workload, 1)
+    return server.argv + ["--parallel", str(slots), "-c", str(CONTEXT * slots)]
+
+
+def start(server: Server, workload: str, log_dir: str, timeout_s: float = 600) -> None:
     """Start the server's process on a free port and wait for its /health (its log goes to log_dir)."""
     server.port = free_port()
-    port_flag = ["--port", str(server.port)]
-    server.log = open(os.path.join(log_dir, server.name.replace(" ", "_").replace("-", "") + ".log"), "w")
-    server.process = subprocess.Popen(server.argv + port_flag, stdout=server.log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+    name = f"{server.name}-{workload}".replace(" ", "_").replace("-", "")
+    server.log = open(os.path.join(log_dir, name + ".log"), "w")
+    server.process = subprocess.Popen(argv_for(server, workload) + ["--port", str(server.port)], stdout=server.log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
@@ -117,89 +156,178 @@ def stop(server: Server) -> None:
             server.process.kill()
     if server.log is not None:
         server.log.close()
+    server.process = server.log = None
 
 
-def chat(url: str, messages: list[dict], max_tokens: int, extra: dict) -> tuple[str, int]:
-    """One greedy chat completion -> (text, completion tokens as the server counts them)."""
+def _cached(answer: dict) -> int:
+    """Prompt tokens served from the cache: OpenAI's usage field (ours), else llama-server's timings."""
+    details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+    if "cached_tokens" in details:
+        return int(details["cached_tokens"] or 0)
+    return int((answer.get("timings") or {}).get("cache_n", 0) or 0)
+
+
+def chat(url: str, messages: list[dict], max_tokens: int, extra: dict, stream: bool = False) -> Call:
+    """One greedy chat completion (streamed: TTFT and the longest gap between content chunks)."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 0, **extra}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
     request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
     try:
-        with urllib.request.urlopen(request, timeout=600) as r:
-            answer = json.loads(r.read())
-    except urllib.error.HTTPError as e:  # e.g. llama-server's slots too small for the prompt (-c / --parallel)
+        with urllib.request.urlopen(request, timeout=900) as r:
+            if not stream:
+                answer = json.loads(r.read())
+                return Call(answer["choices"][0]["message"]["content"] or "", int(answer["usage"]["completion_tokens"]),
+                            time.perf_counter() - t0, cached=_cached(answer))
+            return _read_stream(r, t0)
+    except urllib.error.HTTPError as e:  # e.g. llama-server's slots too small for the prompt
         raise ExactSpecError(f"{url} answered {e.code}: {e.read().decode(errors='replace')[:300]}") from None
-    return answer["choices"][0]["message"]["content"] or "", int(answer["usage"]["completion_tokens"])
 
 
-def run_workload(url: str, workload: str, extra: dict, concurrency: int) -> tuple[float, int, list[str]]:
-    """One round of a workload against one server row -> (seconds, completion tokens, texts)."""
-    start_s, texts, tokens = time.perf_counter(), [], 0
-    if workload == "agent":
-        from .agent import TOOL_PREFIX, load_agent_workload, opening  # imports torch: not at the CLI's start
+def _read_stream(response, t0: float) -> Call:
+    """Server-sent chat chunks -> the Call (usage from the last chunk that carries one)."""
+    text, chunks, times, last = [], 0, [], {}
+    for line in response:
+        line = line.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[5:])
+        last = chunk if chunk.get("usage") else last
+        delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
+        if delta.get("content"):
+            times.append(time.perf_counter())
+            text.append(delta["content"])
+            chunks += 1
+    seconds = time.perf_counter() - t0
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    tokens = int((last.get("usage") or {}).get("completion_tokens") or chunks)
+    return Call("".join(text), tokens, seconds, times[0] - t0 if times else None, max(gaps, default=0.0),
+                _cached(last))
 
-        work = load_agent_workload()
-        for transcript in work["transcripts"]:
-            messages = opening(work, transcript)
-            for tool in transcript["steps"]:
-                messages.append({"role": "user", "content": TOOL_PREFIX + tool})
-                text, n = chat(url, messages, work["max_new_tokens"], extra)
-                messages.append({"role": "assistant", "content": text})
-                texts.append(text)
-                tokens += n
+
+# --- workloads ---------------------------------------------------------------------------------------
+def long_agent() -> dict:
+    """long-agent: agent.json's first sessions behind a system prompt of tool specifications."""
+    from .agent import load_agent_workload  # imports torch: not at the CLI's start
+
+    spec = json.loads(resources.files(__package__).joinpath("workloads", "long-agent.json").read_text())
+    system = spec["preamble"] + "\n\n# Tools\n" + "\n".join(json.dumps(t, indent=1) for t in spec["tools"])
+    sessions = load_agent_workload()["transcripts"][: spec["sessions"]]
+    return {"system": system, "max_new_tokens": spec["max_new_tokens"], "transcripts": sessions}
+
+
+def run_workload(url: str, workload: str, extra: dict) -> Round:
+    """One round of a workload against one server."""
+    from .agent import TOOL_PREFIX, load_agent_workload, opening
+
+    start_s, calls = time.perf_counter(), []
+    if workload in ("agent", "long-agent"):
+        work = load_agent_workload() if workload == "agent" else long_agent()
+        sessions = [opening(work, t) for t in work["transcripts"]]
+        steps = [(i, tool) for k in range(max(len(t["steps"]) for t in work["transcripts"]))
+                 for i, t in enumerate(work["transcripts"]) if k < len(t["steps"]) for tool in [t["steps"][k]]]
+        if workload == "agent":  # one session after another
+            steps.sort(key=lambda step: step[0])
+        for i, tool in steps:
+            sessions[i].append({"role": "user", "content": TOOL_PREFIX + tool})
+            call = chat(url, sessions[i], work["max_new_tokens"], extra, stream=workload == "long-agent")
+            sessions[i].append({"role": "assistant", "content": call.text})
+            calls.append(call)
+    elif workload == "join":
+        calls = join(url, extra)
     else:
         prompts = load_workload("chat" if workload == "concurrent" else workload)
         one = lambda p: chat(url, [{"role": "user", "content": p}], MAX_TOKENS[workload], extra)  # noqa: E731
-        with ThreadPoolExecutor(concurrency if workload == "concurrent" else 1) as pool:
-            for text, n in pool.map(one, prompts):
-                texts.append(text)
-                tokens += n
-    return time.perf_counter() - start_s, tokens, texts
+        with ThreadPoolExecutor(PARALLEL.get(workload, 1)) as pool:
+            calls = list(pool.map(one, prompts))
+    return Round(time.perf_counter() - start_s, calls)
 
 
-def run_peer_bench(servers_: list[Server], workloads: list[str], rounds: int, concurrency: int = 8,
-                   log_dir: str = ".", say=print) -> list[dict]:
-    """Start every server, run `rounds` interleaved rounds of every workload on every row, stop them
-    -> the bench's JSON rows (workload, temperature, method, drafter, gamma, tokens_per_s, ...)."""
-    results: dict[tuple[str, str], Result] = {}
-    try:
-        for server in servers_:
-            say(f"starting {server.name}: {' '.join(server.argv)}")
-            start(server, log_dir)
-        rows = [(server, row, extra) for server in servers_ for row, extra in server.rows.items()]
-        for workload in workloads:
-            for r in range(rounds):
-                order = rows[r % len(rows):] + rows[:r % len(rows)]
-                for server, row, extra in order:
-                    seconds, tokens, texts = run_workload(server.url, workload, extra, concurrency)
-                    res = results.setdefault((workload, row), Result())
-                    res.seconds.append(seconds)
-                    res.tokens.append(tokens)
-                    res.texts.append(texts)
-                    say(f"{workload} round {r + 1}: {row}: {seconds:.2f} s, {tokens / seconds:.1f} tok/s")
-    finally:
-        for server in servers_:
-            stop(server)
-    return table_rows(servers_, workloads, results)
+def join(url: str, extra: dict, delay_s: float = 1.0) -> list[Call]:
+    """A chat answer streams; `delay_s` in, the long-agent prompt (system + first task) joins ->
+    [the stream's Call (its max_gap), the joining prompt's Call (its ttft)]."""
+    from .agent import opening
+
+    work = long_agent()
+    out: list[Call | None] = [None, None]
+
+    def first() -> None:
+        prompt = load_workload("chat")[0]
+        out[0] = chat(url, [{"role": "user", "content": prompt}], MAX_TOKENS["join"], extra, stream=True)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    time.sleep(delay_s)
+    out[1] = chat(url, opening(work, work["transcripts"][0])[:2], 16, extra, stream=True)
+    thread.join()
+    return out
 
 
-def table_rows(servers_: list[Server], workloads: list[str], results: dict) -> list[dict]:
+def run_peer_bench(servers_: list[Server], workloads: list[str], rounds: int, log_dir: str = ".",
+                   say=print) -> list[dict]:
+    """Per workload: start every server anew, run `rounds` rounds alternating their order, stop them
+    -> the bench's JSON rows (workload, temperature, method, drafter, gamma, tokens_per_s, phase, ...)."""
     out = []
     for workload in workloads:
-        reference = results[(workload, "llama-server")]
+        results: dict[str, list[Round]] = {s.name: [] for s in servers_}
+        try:
+            for server in servers_:
+                say(f"{workload}: starting {server.name}: {' '.join(argv_for(server, workload))}")
+                start(server, workload, log_dir)
+            for r in range(rounds):
+                for server in (servers_ if r % 2 == 0 else servers_[::-1]):
+                    done = run_workload(server.url, workload, server.extra)
+                    results[server.name].append(done)
+                    say(f"{workload} round {r + 1}: {server.name}: {done.seconds:.2f} s, "
+                        f"{done.tokens / done.seconds:.1f} tok/s")
+        finally:
+            for server in servers_:
+                stop(server)
+        out += table_rows(servers_, workload, results)
+    return out
+
+
+def _phase(rounds: list[Round]) -> dict:
+    """Figures of some rounds of one row: tokens/s from the sums, latency from every call."""
+    calls = [c for r in rounds for c in r.calls]
+    seconds = sum(r.seconds for r in rounds)
+    latency = sorted(c.seconds for c in calls)
+    ttfts = sorted(c.ttft for c in calls if c.ttft is not None)
+    q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None  # noqa: E731
+    return {"tokens_per_s": sum(r.tokens for r in rounds) / seconds, "seconds": seconds / len(rounds),
+            "tokens": sum(r.tokens for r in rounds), "cached_tokens": sum(c.cached for c in calls),
+            "step_latency_mean_s": statistics.mean(latency), "step_latency_p50_s": q(latency, 0.5),
+            "step_latency_p90_s": q(latency, 0.9), "ttft_p50_s": q(ttfts, 0.5), "ttft_p90_s": q(ttfts, 0.9)}
+
+
+def table_rows(servers_: list[Server], workload: str, results: dict[str, list[Round]]) -> list[dict]:
+    """Two rows per server (cold: round 1; warm: the rest, when there are more rounds), each ratio from
+    the figures beside it and its spread over the rounds."""
+    reference = results["llama-server"]
+    phases = [("cold", slice(0, 1))] + ([("warm", slice(1, None))] if len(reference) > 1 else [])
+    out = []
+    for phase, rounds in phases:
+        ref = _phase(reference[rounds])
         for server in servers_:
-            plain = results[(workload, server.plain)]
-            for row, extra in server.rows.items():
-                res = results[(workload, row)]
-                tps = [t / s for t, s in zip(res.tokens, res.seconds)]
-                ratios = [a / (t / s) for a, t, s in zip(tps, reference.tokens, reference.seconds)]
-                out.append({"workload": workload, "temperature": 0.0, "method": row,
-                            "drafter": None if row in ("llama-server", "exactspec plain") else "default",
-                            "gamma": extra.get("gamma", "default"), "tokens_per_s": statistics.median(tps),
-                            "seconds": statistics.median(res.seconds), "tokens": res.tokens[-1],
-                            "vs_llama_server_plain": statistics.median(ratios),
-                            "same_text_as_own_plain": all(t == plain.texts[0] for t in res.texts),
-                            "same_text_as_llama_server": all(t == reference.texts[0] for t in res.texts)})
+            mine, plain = results[server.name], results[server.plain]
+            row = _phase(mine[rounds])
+            per_round = [(m.tokens / m.seconds) / (r.tokens / r.seconds) for m, r in zip(mine[rounds], reference[rounds])]
+            row |= {"workload": workload, "temperature": 0.0, "method": server.name, "phase": phase,
+                    "drafter": None if server.name in ("llama-server", "exactspec plain") else "default",
+                    "gamma": server.extra.get("gamma", 0 if server.name.endswith("plain") else "default"),
+                    "vs_llama_server_plain": row["tokens_per_s"] / ref["tokens_per_s"],
+                    "ratio_range": [min(per_round), max(per_round)],
+                    "latency_vs_llama_server": row["step_latency_mean_s"] / ref["step_latency_mean_s"],
+                    "same_text_as_own_plain": all([c.text for c in m.calls] == [c.text for c in plain[0].calls]
+                                                  for m in mine),
+                    "same_text_as_llama_server": all([c.text for c in m.calls] == [c.text for c in reference[0].calls]
+                                                     for m in mine)}
+            if workload == "join":
+                row |= {"stream_max_gap_s": max(m.calls[0].max_gap for m in mine[rounds]),
+                        "join_ttft_s": statistics.mean(m.calls[1].ttft for m in mine[rounds])}
+            out.append(row)
     return out
 
 
@@ -209,9 +337,23 @@ def environment() -> str:
 
 
 def peer_table(rows: list[dict]) -> str:
-    lines = ["| workload | server | seconds | tokens/s | vs llama-server plain | same text as its own plain |",
-             "|---|---|---|---|---|---|"]
+    """Throughput workloads by tokens/s, latency ones (long-agent, join) by seconds; ratios to
+    llama-server plain in the same phase, the per-round spread in brackets."""
+    lines = ["| workload | phase | server | tokens/s | vs llama-server plain [rounds] | cached prompt tokens | "
+             "same text as its own plain |", "|---|---|---|---|---|---|---|"]
+    timed = ["", "| workload | phase | server | step p50 / p90 s | mean step s (vs llama-server) | TTFT p50 s | "
+             "worst gap s | same text as its own plain |", "|---|---|---|---|---|---|---|---|"]
+    f = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
     for r in rows:
-        lines.append(f"| {r['workload']} | {r['method']} | {r['seconds']:.2f} | {r['tokens_per_s']:.1f} | "
-                     f"{r['vs_llama_server_plain']:.2f}× | {'yes' if r['same_text_as_own_plain'] else '**no**'} |")
-    return "\n".join(lines)
+        same = "yes" if r["same_text_as_own_plain"] else "**no**"
+        if r["workload"] in LATENCY:
+            gap = r.get("stream_max_gap_s")
+            ttft = r.get("join_ttft_s", r["ttft_p50_s"])
+            timed.append(f"| {r['workload']} | {r['phase']} | {r['method']} | {f(r['step_latency_p50_s'])} / "
+                         f"{f(r['step_latency_p90_s'])} | {f(r['step_latency_mean_s'])} "
+                         f"({r['latency_vs_llama_server']:.2f}×) | {f(ttft)} | {f(gap)} | {same} |")
+        else:
+            lo, hi = r["ratio_range"]
+            lines.append(f"| {r['workload']} | {r['phase']} | {r['method']} | {r['tokens_per_s']:.1f} | "
+                         f"{r['vs_llama_server_plain']:.2f}× [{lo:.2f}–{hi:.2f}] | {r['cached_tokens']} | {same} |")
+    return "\n".join(lines + (timed if len(timed) > 3 else []))
