@@ -89,6 +89,13 @@ def sample_from_uniform(probs: ArrayLike, uniform: float) -> int:
     return int(starts[j]) + i
 
 
+def draw_uniforms(n: int, generator: torch.Generator | None) -> list[float]:
+    """n uniforms in [0, 1) from `generator` (host RNG): every random number of the decode loop (its
+    verifier's, through `Uniforms`, and the sampling drafters', through `sample`) is drawn here, so that
+    one seam replaces them all (tests/exact_law.py enumerates their outcomes to find the loop's exact law)."""
+    return torch.rand(n, generator=generator).tolist()
+
+
 class Uniforms:
     """A row's random numbers for acceptance and sampling, in the order of the positions they decide:
     drawn from its generator as needed, and those an iteration did not use (positions after the first
@@ -102,7 +109,7 @@ class Uniforms:
 
     def take(self, n: int) -> list[float]:
         fresh = n - len(self.pending)
-        out = self.pending[:n] + (torch.rand(fresh, generator=self.generator).tolist() if fresh > 0 else [])
+        out = self.pending[:n] + (draw_uniforms(fresh, self.generator) if fresh > 0 else [])
         self.pending = self.pending[n:]
         return out
 
@@ -112,10 +119,10 @@ class Uniforms:
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """probs [V] -> one id, drawn with one uniform from `generator` (host RNG on every device)."""
-    uniform = torch.rand(1, generator=generator)
-    if probs.device.type != "cpu":
-        return int(sample_rows(probs[None], uniform.to(probs.device))[0])
-    return sample_from_uniform(probs, float(uniform[0]))
+    uniform = draw_uniforms(1, generator)[0]
+    if probs.device.type != "cpu":  # the same float32 number torch.rand gave
+        return int(sample_rows(probs[None], torch.tensor([uniform], device=probs.device))[0])
+    return sample_from_uniform(probs, uniform)
 
 
 def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
