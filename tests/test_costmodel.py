@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from exactspec.speculative import theory
-from exactspec.speculative.costmodel import AutoGamma, CostModel
+from exactspec.speculative.costmodel import AutoGamma, CostModel, DepthCosts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -147,26 +147,156 @@ def test_drafters_share_the_targets_refined_costs(tiny_target):
     assert bigram.target_s is lookup.target_s and bigram.target_observations == [0, 1, 0]
     AutoGamma(bigram).observe_step(1, 2 * lookup.target_s[0])
     assert lookup.target_observations == [1, 1, 0]
+    assert bigram.depth is lookup.depth  # T(k) at deeper contexts too
+    assert lookup.copies and not bigram.copies  # a lookup is priced per proposal, a bigram per token
 
 
 def test_target_costs_are_measured_once_per_machine_and_model(tiny_target, tmp_path, monkeypatch):
     """auto γ's T(k) for an adapter whose loader keyed it (`cost_key`) is measured once, then read back from
     the cache (a new engine, a new process: the same file); an unkeyed adapter is measured every time;
-    a corrupt entry is measured again."""
+    a corrupt entry is measured again. The tiny target's 128-token context holds no deeper depth."""
     from exactspec import drafting
 
     monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
     calls = []
     real = drafting.measure_target
     monkeypatch.setattr(drafting, "measure_target", lambda target, max_k: calls.append(max_k) or real(target, max_k=max_k))
-    first = drafting.target_costs(tiny_target, 5)  # unkeyed: measured
-    assert len(first) == 5 and calls == [5]
+    depths, curves = drafting.target_costs(tiny_target, 5)  # unkeyed: measured
+    assert depths == [100] and len(curves) == 1 and len(curves[0]) == 5 and calls == [5]
     tiny_target.cost_key = "test|tiny"
     try:
         keyed = drafting.target_costs(tiny_target, 5)
         assert drafting.target_costs(tiny_target, 5) == keyed and calls == [5, 5]  # read back
         for entry in (tmp_path / "target-costs").iterdir():
             entry.write_text("[not json")
-        assert len(drafting.target_costs(tiny_target, 5)) == 5 and calls == [5, 5, 5]
+        assert len(drafting.target_costs(tiny_target, 5)[1][0]) == 5 and calls == [5, 5, 5]
     finally:
         del tiny_target.cost_key
+
+
+def test_depths_measured_are_capped_by_the_context(tiny_target, monkeypatch):
+    """T(k) is measured at ~100, ~1000 and ~3000 tokens where the target's context holds them (each at
+    least twice the one before); the deeper curves come from one cache prefilled in turn."""
+    from types import SimpleNamespace
+
+    from exactspec.speculative import costmodel
+    from exactspec.speculative.costmodel import deeper_depths, fitting_depth, measure_deeper
+
+    assert deeper_depths(SimpleNamespace(max_length=8192), 33, 100) == [1000, 3000]
+    assert deeper_depths(SimpleNamespace(max_length=2048), 33, 100) == [1000, 2014]
+    assert deeper_depths(SimpleNamespace(max_length=1200), 33, 100) == [1000]  # 1166: too close to 1000
+    assert deeper_depths(SimpleNamespace(max_length=700), 33, 100) == [666]
+    assert deeper_depths(SimpleNamespace(max_length=128), 5, 100) == []
+    assert fitting_depth(SimpleNamespace(max_length=128), 5, 100) == 100
+    depths, curves = measure_deeper(tiny_target, 3, [20, 60], reps=1, base=10)
+    assert depths == [20, 60] and len(curves) == 2 and all(len(c) == 3 and min(c) > 0 for c in curves)
+    # a prefill that takes too long: the depth reached is the last measured, if deep enough
+    assert measure_deeper(tiny_target, 3, [20, 60], reps=1, base=10, budget_s=1e-9)[0] == [20]
+    monkeypatch.setattr(costmodel, "DEEP_PREFILL_CHUNK", 16)
+    assert measure_deeper(tiny_target, 3, [40], reps=1, base=5, budget_s=1e-9)[0] == [16]
+    assert measure_deeper(tiny_target, 3, [40], reps=1, base=10, budget_s=1e-9) == ([], [])
+
+
+def deep_costs(**kw) -> CostModel:
+    """Synthetic T(k, depth): at 100 tokens a block of k is nearly free (weights dominate); at 1000 and
+    3000 attention over the context makes every pass dearer and each extra token in a block more so."""
+    def curve(t1, per_token):
+        return [t1 + per_token * (k - 1) for k in range(1, 34)]
+
+    deeper = DepthCosts(100, [1000, 3000], [curve(0.013, 0.0012), curve(0.020, 0.004)])
+    return CostModel(curve(0.010, 0.0002), depth=deeper, **kw)
+
+
+def test_deep_contexts_get_a_smaller_gamma():
+    """The same learned α: at 100 tokens long blocks pay, at 3000 (attention makes blocks relatively
+    dearer) auto picks a smaller γ; its predictions there use the costs at that depth."""
+    cost = deep_costs(frozen=True)
+    shallow, deep = cost.best_gamma(0.8, depth=100), cost.best_gamma(0.8, depth=3000)
+    assert 0 < deep < shallow
+    assert cost.best_gamma(0.8) == shallow  # no depth: the base measurement's (as before depths existed)
+    auto = AutoGamma(cost, prior_alpha=0.8, prior_strength=1000)
+    assert auto.next_gamma(depth=3000) == deep < auto.next_gamma(depth=100) == shallow
+    auto.depth = 3000  # what propose.py sets from the row's context
+    assert auto.next_gamma() == deep and auto.choose([(None, 32)]) == deep
+    assert auto.best([(None, 32)])[1] == pytest.approx(cost.predicted_speedup(0.8, deep, depth=3000))
+
+
+def test_prediction_interpolates_costs_in_depth():
+    cost = deep_costs(frozen=True)
+    # 550 tokens: halfway between the 100 and 1000 curves
+    t = [(0.010 + 0.0002 * (k - 1) + 0.013 + 0.0012 * (k - 1)) / 2 for k in range(1, 34)]
+    assert [cost.target_seconds(k, 550) for k in range(1, 34)] == pytest.approx(t)
+    assert cost.seconds(5, depth=550) == pytest.approx(t[4])
+    assert cost.predicted_speedup(0.7, 4, depth=550) == pytest.approx(theory.expected_tokens(0.7, 4) / (t[4] / t[0]))
+    assert cost.step_cost(4, depth=2000) == pytest.approx((0.5 * (0.013 + 0.0048) + 0.5 * (0.020 + 0.016))
+                                                          / (0.5 * 0.013 + 0.5 * 0.020))
+    assert cost.target_seconds(3, 50) == cost.target_seconds(3, 100) == cost.target_s[2]  # shallower: the base
+    # past the deepest: linear in depth, between flat and proportional to it
+    assert cost.target_seconds(1, 5000) == pytest.approx(0.020 + 2000 * (0.020 - 0.013) / 2000)
+    assert cost.target_seconds(1, 3000) <= cost.target_seconds(1, 10**6) <= 0.020 * 10**6 / 3000
+    flat = CostModel([0.01, 0.02], depth=DepthCosts(100, [1000], [[0.01, 0.02]]), frozen=True)
+    assert flat.target_seconds(2, 9000) == pytest.approx(0.02)  # never cheaper than the deepest measured
+
+
+def test_iterations_refine_the_depths_around_them():
+    """A real one-row iteration moves the measured depths around its own, by their share of the
+    interpolation; at the base depth (or with no depth known) exactly as before depths existed."""
+    cost = deep_costs()
+    before = [list(c) for _, c, _ in cost._curves()]
+    cost.observe_target(3, 2 * cost.target_seconds(3, 1000), depth=1000)  # at a measured depth: it alone
+    after = [c for _, c, _ in cost._curves()]
+    assert after[1][2] == pytest.approx(before[1][2] * 1.2) and after[0] == before[0] and after[2] == before[2]
+    assert cost.depth.observations[0][2] == 1 and cost.target_observations[2] == 0
+    cost.observe_target(3, 2 * cost.target_seconds(3, 2000), depth=2000)  # halfway: half the step each
+    assert after[1][2] == pytest.approx(before[1][2] * 1.2 * 1.1) and after[2][2] == pytest.approx(before[2][2] * 1.1)
+    t1 = cost.depth.seconds[1][0]
+    cost.observe_target(1, 0.5 * t1, depth=3000)  # T(1) at 3000 moves its unobserved k with it
+    assert cost.depth.seconds[1][4] == pytest.approx(before[2][4] * 0.9)
+    assert cost.depth.seconds[1][2] == pytest.approx(before[2][2] * 1.1)  # observed at 3000: kept
+    cost.observe_target(2, 2 * cost.target_seconds(2, 9000), depth=9000)  # past the deepest: the deepest
+    assert cost.depth.seconds[1][1] == pytest.approx(before[2][1] * 0.9 * 1.2)
+    base = list(cost.target_s)
+    AutoGamma(cost).observe_step(1, 0.5 * base[0])  # no depth: the base curve, as before
+    assert cost.target_s == pytest.approx([t * 0.9 for t in base])
+    assert "depths" in cost.to_dict() and set(cost.to_dict()["depths"]) == {"100", "1000", "3000"}
+
+
+def test_a_drafter_slower_than_its_gain_gets_gamma_zero():
+    """The drafter's own time is priced as measured per iteration: a copying drafter by its seconds per
+    proposal (whatever γ is kept), a model drafter per drafted token; when it exceeds what the drafts
+    save, γ = 0."""
+    copy = (20, 32, ("context", "greedy"))  # a 20-token match, 32 tokens to copy
+    cheap = AutoGamma(CostModel([0.010 + 0.0002 * k for k in range(33)], copies=True, draft_s_per_step=0.0001))
+    assert cheap.choose([copy]) > 4
+    slow = AutoGamma(CostModel([0.010 + 0.0002 * k for k in range(33)], copies=True, draft_s_per_step=0.0001))
+    slow.observe(8, 8, draft_s=0.5, match=20, kind=("context", "greedy"))  # an iteration's lookup took 0.5 s
+    assert slow.cost.draft_s_per_step == pytest.approx(0.5)
+    assert slow.choose([copy]) == 0 and slow.best([copy])[0] == 0 and slow.speedup([copy], 32) < 1.0
+    lookup = CostModel([0.010 + 0.0002 * k for k in range(33)], copies=True, draft_s_per_step=0.03)
+    assert lookup.draft_seconds(1) == lookup.draft_seconds(32) == 0.03 and lookup.draft_seconds(0) == 0.0
+    model = AutoGamma(CostModel([0.010 + 0.0002 * k for k in range(33)], draft_s_per_token=0.0001), prior_alpha=0.8)
+    assert model.next_gamma() > 0
+    model.observe(4, 4, draft_s=0.08)  # 20 ms a token: more than a target step saves
+    assert model.cost.draft_seconds(3) == pytest.approx(0.06) and model.next_gamma() == 0
+    deep = deep_costs(copies=True, draft_s_per_step=0.006)  # the same lookup: pays shallow, not deep
+    auto = AutoGamma(deep, prior_alpha=0.5, prior_strength=1000)
+    assert auto.next_gamma(depth=100) > 0 and auto.next_gamma(depth=3000) == 0
+
+
+def test_the_loop_prices_auto_at_the_rows_depth(tiny_target):
+    """propose.py gives auto the row's context depth each iteration: its choices and what it learns
+    from the iteration's timing are at that depth; greedy output is unchanged."""
+    import torch
+
+    from exactspec.drafters.suffix import PromptLookupDrafter
+    from exactspec.speculative.loop import decode
+    from exactspec.speculative.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0)
+    prompt = [3, 5, 2, 3, 5, 7, 2] * 3
+    plain = list(decode(tiny_target, None, prompt, greedy, 0, 30))
+    cost = CostModel([0.05, 0.051, 0.052, 0.053], depth=DepthCosts(4, [40], [[0.05, 0.06, 0.07, 0.08]]))
+    auto = AutoGamma(cost, prior_alpha=0.5)
+    assert list(decode(tiny_target, PromptLookupDrafter(), prompt, greedy, auto, 30, torch.Generator())) == plain
+    assert len(prompt) <= auto.depth < len(prompt) + 30
+    assert sum(cost.depth.observations[0]) > 0  # iterations at 21..50 tokens refined the 40-token curve

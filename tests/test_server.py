@@ -404,6 +404,7 @@ def test_concurrent_mixed_requests_share_batches_exactly(server, monkeypatch):
     monkeypatch.setattr(engine.drafts, "_target_costs", None)
     quick = functools.partial(exactspec.drafting.measure_target, context=20, reps=1)  # it still resets the cache
     monkeypatch.setattr(exactspec.drafting, "measure_target", quick)
+    monkeypatch.setattr(exactspec.drafting, "measure_deeper", lambda *a, **k: ([], []))  # the base depth only
     text = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0}
     chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12}
     first = (TEXT, {**text, "prompt": COUNTING_PROMPT, "max_tokens": 30, "gamma": 2}, [refs.counting])

@@ -18,35 +18,53 @@ from .drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from .drafters.source import read_source
 from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
-from .speculative.costmodel import MAX_AUTO_GAMMA, Acceptance, AutoGamma, BatchCosts, CostModel, measure_drafter, measure_target
+from .speculative.costmodel import (MAX_AUTO_GAMMA, TARGET_DEPTHS, Acceptance, AutoGamma, BatchCosts, CostModel,
+                                    DepthCosts, deeper_depths, fitting_depth, measure_deeper, measure_drafter,
+                                    measure_target)
 from .speculative.interfaces import CausalLM, Drafter
 from .speculative.params import DRAFT_NAMES
 from .speculative.sampling import SamplingParams
 from .stats import Stats
 
 AUTO_ARMS = ("prompt-lookup", "store", "bigram")  # "store" when the engine has one, "model" when it has a draft model
+COPYING = ("prompt-lookup", "suffix", "store", "auto")  # drafters auto γ cuts after a lookup: priced per proposal
+MEASURED_DRAFT_K = 4  # the proposal length `measure_drafter` times
 
 
-def target_costs(target: CausalLM, max_k: int) -> list[float]:
-    """The target's T(1..max_k) (`measure_target`: seconds on a CPU), read back from the cache when its
-    loader gave the adapter a `cost_key` (a model file, its settings) and it was measured on this machine
-    with as many torch threads before: with auto γ the default, every CLI start would pay for it again.
-    The decode loop refines T(k) from real iterations either way."""
+def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[float]]]:
+    """The target's T(1..max_k) at the context depths of TARGET_DEPTHS (seconds on a CPU; `measure_target`
+    at the first, `measure_deeper` at those the target's context holds) -> (the depths, T(k) at each),
+    read back from the cache when its loader gave the adapter a `cost_key` (a model file, its settings)
+    and it was measured on this machine with as many torch threads before: with auto γ the default,
+    every CLI start would pay for it again. The decode loop refines T(k) from real iterations either way."""
     key = getattr(target, "cost_key", None)
     if key is None:
-        return measure_target(target, max_k=max_k)
-    path = cache_dir("target-costs") / f"{machine_key(1, key, max_k, torch.get_num_threads())}.json"
+        return measure_depths(target, max_k)
+    path = cache_dir("target-costs") / f"{machine_key(2, key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
 
-    def read() -> list[float] | None:
+    def read() -> tuple[list[int], list[list[float]]] | None:
         try:
-            costs = json.loads(path.read_text())
-        except (OSError, ValueError):
+            entry = json.loads(path.read_text())
+            depths, curves = entry["depths"], entry["target_s"]
+        except (OSError, ValueError, TypeError, KeyError):
             return None  # absent or unreadable: measured (again)
-        ok = isinstance(costs, list) and len(costs) == max_k and all(isinstance(c, float) and c > 0 for c in costs)
-        return costs if ok else None
+        ok = (isinstance(depths, list) and isinstance(curves, list) and len(depths) == len(curves) >= 1
+              and all(isinstance(d, int) and d > 0 for d in depths) and depths == sorted(set(depths))
+              and all(isinstance(c, list) and len(c) == max_k and all(isinstance(t, float) and t > 0 for t in c)
+                      for c in curves))
+        return (depths, curves) if ok else None
 
-    return measured_once(path, read, lambda: measure_target(target, max_k=max_k),
-                         lambda costs: write_atomic(path, json.dumps(costs)))
+    return measured_once(path, read, lambda: measure_depths(target, max_k),
+                         lambda m: write_atomic(path, json.dumps({"depths": m[0], "target_s": m[1]})))
+
+
+def measure_depths(target: CausalLM, max_k: int) -> tuple[list[int], list[list[float]]]:
+    """T(1..max_k) at the base depth and the deeper ones the target's context holds (and its prefill
+    reaches in `DEEP_PREFILL_S`)."""
+    base = fitting_depth(target, max_k, TARGET_DEPTHS[0])
+    curve = measure_target(target, max_k=max_k)
+    depths, curves = measure_deeper(target, max_k, deeper_depths(target, max_k, base), base=base)
+    return [base, *depths], [curve, *curves]
 
 
 class Drafting:
@@ -60,6 +78,7 @@ class Drafting:
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
+        self._depth_costs = DepthCosts()  # T(k) at deeper contexts, refined like _target_costs
         self._batch_costs = BatchCosts()  # T(B, k), refined by batched auto-gamma iterations
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
         self._acceptance: dict[str, Acceptance] = {}  # per drafter: α by match length, across requests
@@ -112,21 +131,26 @@ class Drafting:
         return draft == "model" or (draft == "auto" and self.draft_model is not None)
 
     def cost_model(self, draft: str, max_gamma: int = MAX_AUTO_GAMMA) -> CostModel:
-        """The target's T(k) and T(B, k) (measured once, refined by every auto-gamma iteration: they are
-        shared by every drafter's cost model) and the drafter's time per token (measured once per
-        drafter, then refined by its auto-gamma proposals)."""
+        """The target's T(k) at a few context depths and T(B, k) (measured once, refined by every
+        auto-gamma iteration: they are shared by every drafter's cost model) and the drafter's time per
+        token and per proposal (measured once per drafter, then refined by its auto-gamma proposals; a
+        copying drafter is priced per proposal)."""
         if isinstance(self.target, Seq2SeqLM) and (self._target_costs is None or draft not in self._costs):
             self.set_source(torch.randint(0, self.target.vocab_size, (64,),
                                           generator=torch.Generator().manual_seed(0)).tolist())
         if self._target_costs is None:
-            self._target_costs = target_costs(self.target, max_gamma + 1)
+            depths, curves = target_costs(self.target, max_gamma + 1)
+            self._target_costs = curves[0]
             self._target_observations = [0] * len(self._target_costs)
+            self._depth_costs = DepthCosts(depths[0], depths[1:], curves[1:])
         if draft not in self._costs:
             drafter = self.make(draft)
             draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
-                                                                  SamplingParams(temperature=1.0))
+                                                                  SamplingParams(temperature=1.0), k=MEASURED_DRAFT_K)
             self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations,
-                                           batch=self._batch_costs, ragged=getattr(self.target, "ragged", False))
+                                           batch=self._batch_costs, ragged=getattr(self.target, "ragged", False),
+                                           depth=self._depth_costs, copies=draft in COPYING,
+                                           draft_s_per_step=MEASURED_DRAFT_K * draft_s)
         return self._costs[draft]
 
     def acceptance(self, draft: str) -> Acceptance:

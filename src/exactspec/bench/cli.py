@@ -163,7 +163,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows += special_rows
     cost = engine.cost_model("none")
     report = {"hardware": engine.hardware, "rows": rows, "cost_model": {
-        "target_s": cost.target_s, "target_ratios": cost.ratios(), "ceiling": _ceiling(cost),
+        "target_s": cost.target_s, "target_ratios": cost.ratios(), "ceiling": _ceiling(cost), "depths": cost.depths(),
         "draft_s_per_token": {d: engine.cost_model(d).draft_s_per_token for d in drafters}}}
     if args.plot:
         plot(rows, args.plot)

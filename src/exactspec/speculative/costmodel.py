@@ -34,6 +34,18 @@ cost, over the T(k) measured up to the largest γ it may use (32). The buckets' 
 the match length, so a first request speculates on the copies it finds at once instead of decoding
 plainly until a global α is convinced (which a short answer never outlives); what the engine learns
 (bucket posteriors, T(k), T(B, k)) lives on the Engine and carries across requests.
+
+Depth. Every pass attends over the whole context, so T(k) at a 3000-token agent prompt is not T(k) at
+100 tokens, and the ratios T(k)/T(1) that decide γ move with it. T(k) is measured at two or three
+context depths (`TARGET_DEPTHS`, capped by the target's context: `deeper_depths`), a row is
+priced at its own depth (len(context)) by linear interpolation between the measured depths (beyond the
+deepest: linear in depth, as attention is, between flat and proportional), and each real one-row
+iteration refines the measured depths around the one it ran at, each by its share of the
+interpolation (`DepthCosts`). Batched iterations are priced depth-free (T(B, k), as observed).
+What the drafter itself costs is priced as measured per iteration: a copying drafter (prompt lookup,
+the suffix store: it looks up one copy and is cut afterwards, `copies`) by its seconds per proposal,
+whatever γ is kept; a model drafter by its seconds per drafted token. A drafter slower than the
+tokens its drafts save gets γ = 0.
 """
 
 from __future__ import annotations
@@ -53,6 +65,27 @@ from .theory import expected_tokens
 TARGET_WEIGHT = 0.2  # how far one real iteration moves T(k)
 MAX_AUTO_GAMMA = 32  # the longest proposal auto may choose: T(k) is measured up to k = 33
 MEASURED_K = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 33)  # T(k) is measured at these k, interpolated between
+TARGET_DEPTHS = (100, 1000, 3000)  # context depths T(k) is measured at (capped by the target's context)
+DEEP_K = (1, 2, 4, 8, 16, 33)  # the k measured at the deeper depths (fewer: they cost more)
+DEEP_REPS = 3  # repetitions at the deeper depths
+DEEP_PREFILL_S = 20.0  # at most this long prefilling the deeper depths (then the depth reached is the last)
+DEEP_PREFILL_CHUNK = 256  # tokens per prefill forward on the way down
+
+
+@dataclass
+class DepthCosts:
+    """T(k) at contexts deeper than the one `CostModel.target_s` was measured at (`base` tokens), and how
+    many real iterations refined each (as `target_observations`). Shared by every drafter's cost model,
+    like `target_s`. No depths: depth is not priced (every row costs `target_s`)."""
+
+    base: int = 0  # the depth target_s was measured at
+    depths: list[int] = field(default_factory=list)  # ascending, each > base
+    seconds: list[list[float]] = field(default_factory=list)  # [D][K]: T(k) at depths[d]
+    observations: list[list[int]] = field(default_factory=list)  # [D][K]
+
+    def __post_init__(self) -> None:
+        if len(self.observations) != len(self.seconds):
+            self.observations = [[0] * len(row) for row in self.seconds]
 
 
 @dataclass
@@ -97,46 +130,99 @@ class CostModel:
     frozen: bool = False  # never refined: γ choices that do not depend on timing (tests)
     batch: BatchCosts = field(default_factory=BatchCosts)  # T(B, k), B > 1 (shared like target_s)
     ragged: bool = False  # the target scores rows unpadded: a batched iteration costs the passes it runs (above)
+    depth: DepthCosts = field(default_factory=DepthCosts)  # T(k) at deeper contexts (shared like target_s)
+    copies: bool = False  # a copying drafter: its time is priced per proposal (draft_s_per_step), not per token
+    draft_s_per_step: float = 0.0  # seconds the drafter spends per proposal (whatever its length)
+    draft_step_observations: int = 0
 
     def __post_init__(self) -> None:
         if not self.target_observations:
             self.target_observations = [0] * len(self.target_s)
 
+    def _curves(self) -> list[tuple[int, list[float], list[int]]]:
+        """(depth, T(k) there, its observation counts), shallowest first."""
+        d = self.depth
+        return [(d.base, self.target_s, self.target_observations), *zip(d.depths, d.seconds, d.observations)]
+
+    def _span(self, depth: int | None) -> tuple[int, float]:
+        """-> (i, w): T(k) at `depth` is (1 - w) · curve i + w · curve i+1 (w = 0: curve i alone; w > 1:
+        extrapolated past the deepest)."""
+        depths = [self.depth.base, *self.depth.depths]
+        if depth is None or len(depths) == 1 or depth <= depths[0]:
+            return 0, 0.0
+        i = next((j for j in range(len(depths) - 1) if depth <= depths[j + 1]), len(depths) - 2)
+        return i, (depth - depths[i]) / (depths[i + 1] - depths[i])
+
+    def target_seconds(self, k: int, depth: int | None = None) -> float:
+        """T(k) for one row at a context of `depth` tokens (None: the base measurement's): interpolated
+        linearly between the measured depths; past the deepest, linear in depth (at least flat, at most
+        proportional to the depth: attention's share can only grow)."""
+        i, w = self._span(depth)
+        if w == 0.0:
+            return self.target_s[k - 1]
+        curves = self._curves()
+        lo, hi = curves[i][1][k - 1], curves[i + 1][1][k - 1]
+        t = (1.0 - w) * lo + w * hi
+        if w > 1.0:
+            deepest = curves[i + 1][0]
+            t = min(max(t, hi), hi * depth / deepest)
+        return t
+
     @property
     def max_gamma(self) -> int:
         return len(self.target_s) - 1
 
-    def observe_draft(self, seconds_per_token: float) -> None:
-        """Refine the drafter's cost from real proposals: the first replaces the one-off measurement,
-        later ones move it by 20%."""
+    def observe_draft(self, seconds_per_token: float, seconds: float | None = None) -> None:
+        """Refine the drafter's cost from real proposals (per drafted token; `seconds`: the whole
+        proposal's): the first replaces the one-off measurement, later ones move it by 20%."""
         if self.frozen:
             return
         weight = 1.0 if self.draft_observations == 0 else 0.2
         self.draft_s_per_token += weight * (seconds_per_token - self.draft_s_per_token)
         self.draft_observations += 1
+        if seconds is not None:
+            weight = 1.0 if self.draft_step_observations == 0 else 0.2
+            self.draft_s_per_step += weight * (seconds - self.draft_s_per_step)
+            self.draft_step_observations += 1
 
-    def observe_target(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None) -> None:
+    def draft_seconds(self, gamma: int, batch: int = 1) -> float:
+        """What drafting γ tokens in each of `batch` rows costs: a copying drafter's lookups (one per row,
+        whatever γ is kept), or a model drafter's γ tokens per row."""
+        if gamma <= 0:
+            return 0.0
+        return batch * (self.draft_s_per_step if self.copies else gamma * self.draft_s_per_token)
+
+    def observe_target(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None,
+                       depth: int | None = None) -> None:
         """Refine T(k) (or T(batch, k)) from one real iteration over k new tokens per row (forward +
         verification, timed by the decode loop). `measure_target` runs at one context length without the
         loop's bookkeeping; real decoding differs: on llama.cpp, attention over a 500-token grounded
         prompt took T(2)/T(1) to ~1.4 and T(3)/T(1) to ~1.9 where the measurement said 1.3 and 1.65.
         Each observation (clipped to [0.5, 2]x, against outliers) moves T(k) by TARGET_WEIGHT; a k never
         observed keeps its measured ratio to T(1). On a ragged target a batched iteration is priced by
-        its rows' `lengths` (new tokens per row; default k each)."""
+        its rows' `lengths` (new tokens per row; default k each). A one-row iteration at `depth` moves
+        the measured depths around it, each by its share of the interpolation (`target_seconds`): at a
+        measured depth (or None: the base), that depth's T(k) alone, by TARGET_WEIGHT."""
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
         if batch > 1 and self.ragged:
             return self._observe_ragged(lengths or [k] * batch, seconds)
         if batch > 1:
             return self._observe_batch(batch, k, seconds)
-        old = self.target_s[k - 1]
-        new = old + TARGET_WEIGHT * (min(max(seconds, 0.5 * old), 2.0 * old) - old)
-        self.target_s[k - 1] = new
-        self.target_observations[k - 1] += 1
-        if k == 1:
-            for j, seen in enumerate(self.target_observations[1:], start=1):
-                if not seen:
-                    self.target_s[j] *= new / old
+        ratio = min(max(seconds / self.target_seconds(k, depth), 0.5), 2.0)  # observed / predicted
+        i, w = self._span(depth)
+        curves = self._curves()
+        for j, share in ((i, 1.0 - min(w, 1.0)), (i + 1, min(w, 1.0))):
+            if share <= 0.0:
+                continue
+            _, curve, seen = curves[j]
+            old = curve[k - 1]
+            curve[k - 1] = old * (1.0 + TARGET_WEIGHT * share * (ratio - 1.0))
+            seen[k - 1] += share >= 0.5
+            if k == 1:  # a k never observed at this depth keeps its measured ratio to T(1)
+                for m in range(1, len(curve)):
+                    if not seen[m]:
+                        curve[m] *= curve[0] / old
 
     def _observe_batch(self, batch: int, k: int, seconds: float) -> None:
         costs, key = self.batch, (batch, k)
@@ -187,10 +273,11 @@ class CostModel:
         priced = sum(self._pass_seconds(rows, k) for rows, k in passes(lengths))
         return plain + self.batch.extra * max(priced - plain, 0.0)
 
-    def seconds(self, k: int, batch: int = 1) -> float:
-        """T(batch, k): one iteration over k new tokens in each of `batch` rows."""
+    def seconds(self, k: int, batch: int = 1, depth: int | None = None) -> float:
+        """T(batch, k): one iteration over k new tokens in each of `batch` rows (one row: at a context of
+        `depth` tokens; batches are priced depth-free)."""
         if batch <= 1:
-            return self.target_s[k - 1]
+            return self.target_seconds(k, depth)
         if self.ragged:
             return self.ragged_seconds([k] * batch)
         seen = self.batch.seconds.get((batch, k))
@@ -204,19 +291,27 @@ class CostModel:
         """The most speculation can give with γ drafts: every draft accepted, (γ+1) / (T(γ+1)/T(1))."""
         return (gamma + 1) / self.step_cost(gamma)
 
-    def step_cost(self, gamma: int, batch: int = 1) -> float:
-        """Cost of one iteration with γ drafts per row, in units of one plain (batched) target step."""
-        return (gamma * batch * self.draft_s_per_token + self.seconds(gamma + 1, batch)) / self.seconds(1, batch)
+    def step_cost(self, gamma: int, batch: int = 1, depth: int | None = None) -> float:
+        """Cost of one iteration with γ drafts per row, in units of one plain (batched) target step (one
+        row: both at a context of `depth` tokens)."""
+        plain = self.seconds(1, batch, depth)
+        return (self.draft_seconds(gamma, batch) + self.seconds(gamma + 1, batch, depth)) / plain
 
-    def predicted_speedup(self, alpha: float, gamma: int) -> float:
-        return expected_tokens(alpha, gamma) / self.step_cost(gamma)
+    def predicted_speedup(self, alpha: float, gamma: int, depth: int | None = None) -> float:
+        return expected_tokens(alpha, gamma) / self.step_cost(gamma, depth=depth)
 
-    def best_gamma(self, alpha: float) -> int:
+    def best_gamma(self, alpha: float, depth: int | None = None) -> int:
         """The γ (0 = plain decoding) with the highest predicted speed-up; ties go to the smaller γ."""
-        return max(range(self.max_gamma + 1), key=lambda g: (self.predicted_speedup(alpha, g), -g))
+        return max(range(self.max_gamma + 1), key=lambda g: (self.predicted_speedup(alpha, g, depth), -g))
+
+    def depths(self) -> dict[str, list[float]]:
+        """Measured depth -> T(k) there (k = 1..K), as refined so far."""
+        return {str(depth): list(curve) for depth, curve, _ in self._curves()}
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["depth"]
+        d["depths"] = self.depths()  # measured depth -> T(k)
         d["batch"] = {f"{b}x{k}": t for (b, k), t in self.batch.seconds.items()}
         if self.ragged:
             d["batch"] = {"plain": {str(b): t for b, t in self.batch.plain.items()}, "extra": self.batch.extra,
@@ -224,16 +319,71 @@ class CostModel:
         return {**d, "target_ratios": self.ratios()}
 
 
-def measure_target(model: CausalLM, max_k: int = MAX_AUTO_GAMMA + 1, context: int = 100, reps: int = 4) -> list[float]:
+def measure_target(model: CausalLM, max_k: int = MAX_AUTO_GAMMA + 1, context: int = TARGET_DEPTHS[0],
+                   reps: int = 4) -> list[float]:
     """Median seconds of a forward over k = 1..max_k new tokens on a warm cache of `context` tokens,
     measured at the k of MEASURED_K (and max_k) and interpolated linearly between them. The k values are
     interleaved across repetitions so machine noise spreads over all of them. A model whose context
-    cannot hold `context` + max_k tokens is measured on a shorter warm cache."""
-    context = max(1, min(context, model.max_length - max_k - 1))
+    cannot hold `context` + max_k tokens is measured on a shorter warm cache (`fitting_depth`)."""
+    context = fitting_depth(model, max_k, context)
     ks = sorted({k for k in MEASURED_K if k < max_k} | {max_k})
     gen = torch.Generator().manual_seed(0)
     model.reset()
-    model.forward(torch.randint(0, model.vocab_size, (1, context), generator=gen))
+    try:
+        model.forward(torch.randint(0, model.vocab_size, (1, context), generator=gen))
+        return _measure_at(model, context, ks, max_k, reps, gen)
+    finally:
+        model.reset()
+
+
+def fitting_depth(model: CausalLM, max_k: int, depth: int) -> int:
+    """`depth`, capped so that the model's context holds it and max_k more tokens."""
+    return max(1, min(depth, model.max_length - max_k - 1))
+
+
+def deeper_depths(model: CausalLM, max_k: int, base: int, depths: tuple[int, ...] = TARGET_DEPTHS) -> list[int]:
+    """The depths of `depths` beyond `base` worth measuring on `model`: capped by its context, each at
+    least twice the one before (closer ones would differ by noise)."""
+    kept = [base]
+    for depth in depths:
+        depth = fitting_depth(model, max_k, depth)
+        if depth >= 2 * kept[-1]:
+            kept.append(depth)
+    return kept[1:]
+
+
+def measure_deeper(model: CausalLM, max_k: int, depths: list[int], reps: int = DEEP_REPS, base: int = 0,
+                   budget_s: float = DEEP_PREFILL_S) -> tuple[list[int], list[list[float]]]:
+    """T(1..max_k) at each of `depths` (ascending; `deeper_depths`), as `measure_target` but at DEEP_K
+    only and `reps` times (they cost more) -> (the depths measured, T(k) at each). One cache serves all:
+    it is prefilled to each depth in turn, in chunks; once the prefill has taken `budget_s` (a big model
+    on a small CPU), the depth reached is the last one measured (if at least twice the one before)."""
+    gen = torch.Generator().manual_seed(1)
+    ks = sorted({k for k in DEEP_K if k < max_k} | {max_k})
+    measured, curves, filled, spent = [], [], 0, 0.0
+    model.reset()
+    try:
+        for depth in depths:
+            while filled < depth and spent < budget_s:
+                n = min(DEEP_PREFILL_CHUNK, depth - filled)
+                t = time.perf_counter()
+                model.forward(torch.randint(0, model.vocab_size, (1, n), generator=gen))
+                synchronize(device_of(model))
+                spent, filled = spent + time.perf_counter() - t, filled + n
+            if filled < 2 * (measured[-1] if measured else base):
+                break
+            curves.append(_measure_at(model, filled, ks, max_k, reps, gen))
+            measured.append(filled)
+            if filled < depth:  # out of budget
+                break
+    finally:
+        model.reset()
+    return measured, curves
+
+
+def _measure_at(model: CausalLM, context: int, ks: list[int], max_k: int, reps: int,
+                gen: torch.Generator) -> list[float]:
+    """T(1..max_k) on the model's warm cache of `context` tokens: medians at `ks`, linear between."""
     times: dict[int, list[float]] = {k: [] for k in ks}
     for rep in range(reps + 1):
         for k in ks:
@@ -244,7 +394,6 @@ def measure_target(model: CausalLM, max_k: int = MAX_AUTO_GAMMA + 1, context: in
             if rep:  # the first round warms up
                 times[k].append(time.perf_counter() - t)
             model.truncate(context)
-    model.reset()
     med = {k: statistics.median(ts) for k, ts in times.items()}
     out = []
     for k in range(1, max_k + 1):
@@ -332,6 +481,8 @@ class AutoGamma:
     doubling after each probe that still says "don't speculate", so a losing drafter costs a vanishing
     fraction of the steps. Speculation must be predicted to win by `min_gain` before it is used:
     measured costs are noisy and the per-iteration bookkeeping (warping γ+1 rows, verifying) is not in T(k).
+    A row is priced at its context depth (`depth`: the decode loop sets it to len(row.context) before it
+    drafts; every method's `depth` defaults to it, None: the base measurement's).
     """
 
     def __init__(self, cost: CostModel, prior_alpha: float = 0.3, prior_strength: float = 4.0,
@@ -339,6 +490,7 @@ class AutoGamma:
         self.cost, self.min_gain = cost, min_gain
         self.acceptance = acceptance if acceptance is not None else Acceptance(prior_alpha, prior_strength)
         self.probe_gap, self.plain_steps = first_probe, 0
+        self.depth: int | None = None  # the context depth of the row being priced (set by propose.py)
 
     @property
     def alpha(self) -> float:
@@ -348,27 +500,30 @@ class AutoGamma:
     def max_gamma(self) -> int:
         return self.cost.max_gamma
 
-    def next_gamma(self, batch: int = 1) -> int:
+    def next_gamma(self, batch: int = 1, depth: int | None = None) -> int:
         """γ before drafting (model drafters: every row expects the same)."""
-        return self.choose([(None, self.max_gamma)], batch)
+        return self.choose([(None, self.max_gamma)], batch, depth)
 
-    def speedup(self, rows: list[tuple], gamma: int, batch: int | None = None) -> float:
+    def speedup(self, rows: list[tuple], gamma: int, batch: int | None = None, depth: int | None = None) -> float:
         """Predicted speed-up of one iteration of width γ over plain decoding, for rows of (match
         length, tokens available to propose[, kind: see Acceptance.of]) in a batch of `batch` rows
         (default: these rows)."""
         tokens = sum(expected_tokens(self.acceptance.of(kind).alpha(m), min(gamma, avail)) for m, avail, kind in _kinds(rows))
-        return tokens / len(rows) / self.cost.step_cost(gamma, batch or len(rows))
+        return tokens / len(rows) / self.cost.step_cost(gamma, batch or len(rows), self._depth(depth))
 
-    def best(self, rows: list[tuple], batch: int | None = None) -> tuple[int, float]:
+    def _depth(self, depth: int | None) -> int | None:
+        return self.depth if depth is None else depth
+
+    def best(self, rows: list[tuple], batch: int | None = None, depth: int | None = None) -> tuple[int, float]:
         """-> (the width γ with the highest predicted speed-up for `rows`, that speed-up); no side
         effects (`choose` adds the gain threshold and the probes)."""
         widest = min(max((row[1] for row in rows), default=0), self.max_gamma)
         alphas = [(self.acceptance.of(kind).alpha(m), avail) for m, avail, kind in _kinds(rows)]
-        batch = batch or len(rows)
+        batch, depth = batch or len(rows), self._depth(depth)
         best, gain = 0, 0.0
         for g in range(widest + 1):  # the same arithmetic as `speedup`, each row's α looked up once
             tokens = sum(expected_tokens(alpha, min(g, avail)) for alpha, avail in alphas)
-            value = tokens / len(rows) / self.cost.step_cost(g, batch)
+            value = tokens / len(rows) / self.cost.step_cost(g, batch, depth)
             if value > gain:  # ties: the smaller γ
                 best, gain = g, value
         return best, gain
@@ -377,12 +532,12 @@ class AutoGamma:
         """(α, drafts it may keep) per row of (match length, proposal length[, kind])."""
         return [(self.acceptance.of(kind).alpha(m), min(avail, self.max_gamma)) for m, avail, kind in _kinds(rows)]
 
-    def choose(self, rows: list[tuple[int | None, int]], batch: int | None = None) -> int:
+    def choose(self, rows: list[tuple[int | None, int]], batch: int | None = None, depth: int | None = None) -> int:
         """The width γ (0 = plain) for one iteration; `rows`: (match length, proposal length[, kind])
-        per row, in a batch of `batch` rows (default: these rows)."""
+        per row, in a batch of `batch` rows (default: these rows), at a context of `depth` tokens."""
         if min(max((row[1] for row in rows), default=0), self.max_gamma) <= 0:
             return 0
-        gamma, gain = self.best(rows, batch)
+        gamma, gain = self.best(rows, batch, depth)
         if gamma > 0 and gain >= self.min_gain:
             return gamma
         self.plain_steps += 1
@@ -391,10 +546,11 @@ class AutoGamma:
             return 1
         return 0
 
-    def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None) -> None:
+    def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None,
+                     depth: int | None = None) -> None:
         """One iteration over up to k new tokens per row (the last context token and k-1 drafts; row b's
-        count in `lengths`) took `seconds`."""
-        self.cost.observe_target(k, seconds, batch, lengths)
+        count in `lengths`) took `seconds`, at a context of `depth` tokens (default: `self.depth`)."""
+        self.cost.observe_target(k, seconds, batch, lengths, self._depth(depth))
 
     def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
                 kind: object = None) -> None:
@@ -403,7 +559,7 @@ class AutoGamma:
         if proposed:
             self.acceptance.of(kind).observe(proposed, accepted, match)
             if draft_s is not None:
-                self.cost.observe_draft(draft_s / proposed)
+                self.cost.observe_draft(draft_s / proposed, draft_s)
 
 
 def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int]) -> tuple[list[int], float]:
@@ -411,14 +567,15 @@ def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int
     to alphas[b][1] drafts, each accepted with alphas[b][0] -> (drafts per row, the predicted speed-up over
     scoring `base`). Drafts are added one at a time, each to the row whose next draft is likeliest
     accepted (its g-th: α^g more tokens expected), and the count with the best E[tokens] / cost is kept."""
-    plain, draft_s, batch = cost.ragged_seconds(base), cost.draft_s_per_token, len(base)
+    plain, batch = cost.ragged_seconds(base), len(base)
     widths, best, gain, tokens = [0] * batch, [0] * batch, 1.0, float(batch)  # tokens: expected out
     queue = [(-alpha, b) for b, (alpha, avail) in enumerate(alphas) if avail > 0]
     heapq.heapify(queue)
     while queue and -queue[0][0] >= 0.01:
         more, b = heapq.heappop(queue)
         widths[b], tokens = widths[b] + 1, tokens - more
-        seconds = cost.ragged_seconds([n + w for n, w in zip(base, widths)]) + sum(widths) * draft_s
+        drafting = sum(cost.draft_seconds(w) for w in widths)
+        seconds = cost.ragged_seconds([n + w for n, w in zip(base, widths)]) + drafting
         value = tokens / batch / (seconds / plain)
         if value > gain:
             best, gain = list(widths), value

@@ -52,6 +52,8 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
     for row in rows:
         cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
         fixed = not isinstance(row.gamma, AutoGamma)
+        if not fixed:  # auto prices this iteration (and learns from its timing) at the row's context depth
+            row.gamma.depth = len(row.context)
         if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None):
             proposals.append((None, 0, 0.0, None))
             continue
