@@ -25,6 +25,10 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lenience", type=float, default=1.0, metavar="L",
                    help="LOSSY, off by default: accept drafts more leniently (paper appendix A.5): L in (0, 1], "
                         "1 = exact (default); smaller accepts more drafts but the output is no longer the target's")
+    g.add_argument("--verification", choices=["token", "block"], default="token",
+                   help="how sampled drafts with a real law (draft model, bigram, unigram) are verified: token by "
+                        "token (default) or the block jointly (Sun et al. 2025: exact too, never fewer accepted "
+                        "drafts in expectation); point-mass drafters keep the token rule")
     g.add_argument("--seed", type=int, default=None, help="random seed (same seed, same output)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="generation budget per sample (default 128)")
     g.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
@@ -143,7 +147,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                    lenience=args.lenience)
+                    lenience=args.lenience, verification=args.verification)
     SamplingParams(**sampling)  # validate before the slow model load
     constraint = constraint_from_args(args)
     if constraint is not None:

@@ -40,16 +40,44 @@ class Loaded:
     backend: str = "torch"  # what runs the target: "torch" or "llama.cpp"
 
 
+BIT_EXACT, TOLERANCE = "bit-exact (self-tested)", "by tolerance"  # `identity` labels (also models/layouts.py)
+UNTESTED_CUDA, NOT_SELF_TESTED = "untested device (CUDA)", "not self-tested"
+
+
+def identity(device: str, dtype: str, layout: Choice | None, gguf_identity: str = "") -> dict:
+    """What each promise rests on, in one of four labels (BIT_EXACT, TOLERANCE, UNTESTED_CUDA,
+    NOT_SELF_TESTED), for `/v1/models` and every response's `speculative.identity`:
+    `greedy`: speculative == plain decoding (a token's logits alone == inside a verification block);
+    `reproducible`: the same request gives the same text alone, batched beside other prompts and after
+    a prefix-cache hit (the same row's logits in each, bit for bit: layouts.identity_diffs)."""
+    if str(device).startswith("cuda"):
+        return {"greedy": UNTESTED_CUDA, "reproducible": UNTESTED_CUDA}
+    if layout is not None:
+        return {"greedy": BIT_EXACT if layout.exact else TOLERANCE,
+                "reproducible": BIT_EXACT if layout.exact and layout.reproducible else TOLERANCE}
+    if dtype == "gguf":  # llama.cpp: blocks vs steps (and rows vs alone, when batched) are self-tested;
+        # a prompt's KV restored from the prefix cache and the rest prefilled is not
+        return {"greedy": BIT_EXACT if gguf_identity.startswith("bit-exact") else TOLERANCE,
+                "reproducible": NOT_SELF_TESTED}
+    return {"greedy": NOT_SELF_TESTED, "reproducible": NOT_SELF_TESTED}
+
+
 def runtime(device: str, dtype: str, layout: Choice | None, hardware: str, gguf_identity: str = "") -> dict:
     """Where and in which dtype the target computes, and on what greedy identity rests (the dtype
-    self-test's verdict): for `generate --json` stats, `serve`'s start-up log and `/v1/models`."""
-    if layout is not None:
-        identity = "bit-exact (self-test)" if layout.exact else "by tolerance (no layout passed the self-test)"
+    self-test's verdict, in words: `greedy_identity`; in labels: `identity`, see `identity`): for
+    `generate --json` stats, `serve`'s start-up log and `/v1/models`."""
+    if str(device).startswith("cuda"):
+        words = ("untested device (CUDA): the forward runs unchunked and cuBLAS is not row-invariant; greedy "
+                 "identity is tested there (gpu-check), not guaranteed bit for bit")
+    elif layout is not None:
+        words = ("bit-exact (self-test)" if layout.exact else "by tolerance (no layout passed the self-test)")
+        words += f"; {layout.identity_words()}"
     elif dtype == "gguf":
-        identity = f"llama.cpp: {gguf_identity}"
+        words = f"llama.cpp: {gguf_identity}"
     else:
-        identity = "not self-tested (dtype given, or a GPU / an adapter without the lean forward)"
-    return {"device": device, "dtype": dtype, "greedy_identity": identity, "hardware": hardware}
+        words = "not self-tested (dtype given, or an adapter without the lean forward)"
+    return {"device": device, "dtype": dtype, "greedy_identity": words, "hardware": hardware,
+            "identity": identity(device, dtype, layout, gguf_identity)}
 
 
 def adapter(module: torch.nn.Module, eos_token_ids: set[int] | None = None, fast: bool = True) -> CausalLM:
@@ -160,6 +188,8 @@ def _load_torch(path: str, draft: str, dtype, fast: bool, seq2seq: bool, where: 
         else:
             invariant = None  # the dtype's default mode (fast_llama.FastLlamaLM)
         target_lm = fast_llama.FastLlamaLM(module.to(wanted), _eos_ids(tokenizer), batch_invariant=invariant)
+        if layout is not None and not layout.generated_kv:  # decode steps' KV is not a prefill's, bit for bit:
+            target_lm.cache_generated_kv = False  # the prefix cache keeps prompts' KV (prefix_cache.remember)
     else:
         target_lm = adapter(module, _eos_ids(tokenizer), fast)
     draft_lm = None

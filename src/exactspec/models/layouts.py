@@ -13,6 +13,23 @@ candidate is tried on the model itself:
   3. the fastest qualifier by T(1) wins; qualifiers within 5% of it are ranked by T(8). Layouts slower
      than a qualifier by more than that are not qualified at all (they could not win).
 If none qualifies: float32, and greedy identity rests on tolerance (~5e-5 in the logits), said in words.
+
+That settles speculative == plain (greedy identity). The same text for the same request also needs a
+row's logits not to depend on where its prompt's KV came from and what shares its forward, which the
+serving loop varies: `identity_diffs` (version 3) scores a row's next tokens one at a time ALONE, then
+  - `rows_joined`:  beside a longer, different prompt, both prefilled alone and joined (append_rows: the
+                    prefix-cache / continuous-batching path), the other row fed a wider block (right-padded,
+                    as the loop pads);
+  - `rows_prefilled`: the two prompts prefilled together, right-padded (the loop's `start`);
+  - `prefix`:       after a prefix-cache restore of half its prompt and a prefill of the rest;
+  - `generated`:    an agent step: the KV of prompt + tokens that decode steps wrote restored, new
+                    tokens prefilled, against a fresh prefill of all of it;
+bit for bit, on a blocks qualifier. A qualifier that passes all of them is preferred to a faster one
+that does not (bit-equality of the same request's text is promised there, `identity.reproducible`).
+If `generated` alone fails, the engine keeps only prompts' prefilled KV in the prefix cache
+(`cache_generated_kv`, as on llama.cpp) and that scope holds. If no qualifier passes, the fastest
+qualifier stays (speculative == plain is still bit-exact), and the same request's text across batching
+and prefix-cache hits rests on tolerance: `Choice.reproducible` and the words say which check failed.
 The decision and its figures are cached per CPU model + flags + torch version + threads + model file
 (cachedir.py), so a warm start costs a file read; `exactspec tune --dtype-test` re-runs it.
 """
@@ -30,11 +47,14 @@ from .. import progress
 from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 from .fast_llama import ATTN_BLOCK, FastLlamaLM
 
-VERSION = 2  # bump when the test or the candidates change: old cache entries are then ignored
+VERSION = 3  # bump when the test or the candidates change: old cache entries are then ignored
 STRETCH = 33  # tokens compared: auto γ's widest verification (MAX_AUTO_GAMMA + 1)
 BLOCKS = (5, 8, 3, 17)  # block sizes that tile the stretch: partial and whole 8-row chunks, the boundary
 START = ATTN_BLOCK - 4  # the stretch starts 4 tokens before the first key-block boundary
 SPEED_MARGIN = 0.05  # candidates within this share of the fastest T(1) are ranked by T(8)
+PROMPT, OTHER, STEPS, EXTRA = 40, 75, 6, 6  # identity self-test: a row's prompt, the longer one beside it,
+# the tokens scored one at a time after it, and an agent step's new tokens after prompt + STEPS
+IDENTITY_SCOPES = ("rows_joined", "rows_prefilled", "prefix", "generated")
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,12 @@ class Trial:
     max_diff: float  # largest |block - one-at-a-time| logit difference seen before the test stopped
     t1_ms: float | None = None  # median decode step at the test's context
     t8_ms: float | None = None  # median 8-token block
+    identity: dict[str, float] | None = None  # `identity_diffs` on a qualifier (None: not tested)
+
+    @property
+    def reproducible(self) -> bool:
+        """Every identity scope bit-equal, allowing `generated` (the engine then keeps prompts' KV only)."""
+        return self.identity is not None and all(v == 0.0 for k, v in self.identity.items() if k != "generated")
 
 
 @dataclass
@@ -69,10 +95,27 @@ class Choice:
     reason: str
     trials: list[Trial] = field(default_factory=list)
     cached: bool = False
+    reproducible: bool = False  # True: the same row's logits alone == batched == after a prefix-cache hit, bit for bit
+    generated_kv: bool = True  # False: KV written by decode steps differs from a prefill's; keep prompts' KV only
+
+    def trial(self) -> Trial | None:
+        return next((t for t in self.trials if t.layout == self.layout), None)
+
+    def identity_words(self) -> str:
+        """What the same request's text rests on across batching and prefix-cache hits, in words."""
+        trial = self.trial()
+        if trial is None or trial.identity is None:
+            return "alone vs batched vs after a prefix-cache hit: not self-tested"
+        if self.reproducible:
+            kept = "" if self.generated_kv else \
+                " (the prefix cache keeps prompts' KV only: decode steps' KV differs from a prefill's)"
+            return f"alone == batched == after a prefix-cache hit: bit-exact (self-test){kept}"
+        failed = ", ".join(f"{k} {v:.3g}" for k, v in trial.identity.items() if v != 0.0)
+        return f"alone vs batched vs after a prefix-cache hit: by tolerance (differ here: {failed})"
 
     def describe(self) -> str:
         how = "bit-exact greedy identity (self-test)" if self.exact else "greedy identity by tolerance (no layout passed the self-test)"
-        return f"{self.layout}: {how}; {self.reason}{' (cached)' if self.cached else ''}"
+        return f"{self.layout}: {how}; {self.identity_words()}; {self.reason}{' (cached)' if self.cached else ''}"
 
 
 def layout_named(name: str) -> Layout:
@@ -156,32 +199,112 @@ def qualify(module: torch.nn.Module, trial: Trial) -> None:
     trial.bit_equal = trial.max_diff == 0.0
 
 
+def identity_diffs(lm: FastLlamaLM) -> dict[str, float]:
+    """Max |logits| difference, per scope (IDENTITY_SCOPES, module doc), between a row's next STEPS
+    tokens scored one at a time ALONE after a prefill of its prompt and the same tokens scored in that
+    scope (0.0: bit-equal; a scope stops at its first difference). Tokens are forced (random, fixed
+    seed), so equal logits mean equal greedy choices on any text. The adapter is reset."""
+    gen = torch.Generator().manual_seed(4)
+    other = max(2, min(OTHER, lm.max_length - 2 * STEPS - EXTRA - 2))
+    plen = max(2, min(PROMPT, other // 2))
+    ids = lambda n: torch.randint(0, lm.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+    prompt, longer, feed, extra, wide = ids(plen), ids(other), ids(STEPS), ids(EXTRA), ids(STEPS + 3)
+    diff = lambda a, b: float((a - b).abs().max())  # noqa: E731
+
+    def steps(alone: torch.Tensor | None = None, row: int = 0, beside: list[int] | None = None):
+        """feed one token at a time in row `row` -> its logits [STEPS, V], or, given `alone`, the max
+        difference to it (stopping at the first one). With `beside`, the other row of two gets a 3-token
+        block each time (ours right-padded with zeros, as the loop pads) and keeps one, as if it
+        accepted it."""
+        out, worst = [], 0.0
+        for i, t in enumerate(feed):
+            if beside is None:
+                logits = lm.forward(torch.tensor([[t]]))[0, 0]
+            else:
+                kept = lm.lengths + 1
+                block = torch.tensor([[t, 0, 0], beside[i : i + 3]])
+                logits = lm.forward_rows(block if row == 0 else block.flip(0))[row, 0]
+                lm.truncate_rows(kept)
+            if alone is None:
+                out.append(logits)
+            elif (worst := max(worst, diff(logits, alone[i]))) > 0.0:
+                break
+        return torch.stack(out) if alone is None else worst
+
+    lm.reset(1)
+    lm.prefill(torch.tensor([prompt]))
+    alone = steps()  # the cache now holds prompt + feed, written by decode steps
+    decoded, _ = lm.snapshot_prefix(plen + STEPS)  # an agent step: the decoded KV from the prefix cache,
+    lm.restore_prefix(decoded, plen + STEPS)
+    lm.prefill(torch.tensor([extra]))  # its new tokens prefilled after it ...
+    after = lm.forward(torch.tensor([[feed[0]]]))[0, 0]
+    out = {}
+    lm.reset(0)  # rows_joined: each prompt prefilled alone, then batched (ours second: another slot)
+    lm.append_rows(longer + [0])
+    lm.append_rows(prompt + [0])
+    out["rows_joined"] = steps(alone, 1, wide)
+    lm.reset(2)  # rows_prefilled: both prompts in one right-padded prefill
+    lm.prefill(torch.tensor([prompt + [0] * (other - plen), longer]))
+    lm.truncate_rows(torch.tensor([plen, other]))
+    out["rows_prefilled"] = steps(alone, 0, wide)
+    half = plen // 2  # prefix: half the prompt restored from a snapshot, the rest prefilled
+    lm.reset(1)
+    lm.prefill(torch.tensor([prompt]))
+    state, _ = lm.snapshot_prefix(half)
+    lm.restore_prefix(state, half)
+    lm.prefill(torch.tensor([prompt[half:]]))
+    out["prefix"] = steps(alone)
+    lm.reset(1)  # generated: ... against a fresh prefill of prompt + feed + extra
+    lm.prefill(torch.tensor([prompt + feed + extra]))
+    out["generated"] = diff(lm.forward(torch.tensor([[feed[0]]]))[0, 0], after)
+    lm.reset()
+    return out
+
+
+def check_identity(module: torch.nn.Module, trial: Trial) -> None:
+    """Set trial.identity: `identity_diffs` on the trial's layout."""
+    layout = layout_named(trial.layout)
+    lm = FastLlamaLM(module, set(), batch_invariant=layout.batch_invariant, dtype=layout.dtype)
+    trial.identity = identity_diffs(lm)
+
+
 def self_test(module: torch.nn.Module) -> Choice:
     """Time every layout, then qualify them fastest first until `pick`'s answer is settled: the first
-    that passes, and any other within SPEED_MARGIN of its T(1) (T(8) breaks that tie). Slower layouts
-    are left untested (bit_equal None): they could not win."""
+    that passes blocks vs steps AND the identity scopes, and any other within SPEED_MARGIN of its T(1)
+    (T(8) breaks that tie). A qualifier that fails an identity scope does not settle it: slower layouts
+    are tried on until one passes all (preferred) or none is left. Layouts that could not win are left
+    untested (bit_equal None)."""
     trials = time_layouts(module)
-    best = None  # T(1) of the fastest layout that passed
+    best = None  # T(1) of the fastest layout that passed everything
     for trial in sorted(trials, key=lambda t: t.t1_ms):
         if best is not None and trial.t1_ms > best * (1 + SPEED_MARGIN):
             break
         qualify(module, trial)
-        if trial.bit_equal and best is None:
-            best = trial.t1_ms
+        if trial.bit_equal:
+            check_identity(module, trial)
+            if trial.reproducible and best is None:
+                best = trial.t1_ms
     return pick(trials)
 
 
 def pick(trials: list[Trial]) -> Choice:
-    """The fastest qualifying layout (T(1), then T(8) within SPEED_MARGIN), else the float32 fallback."""
+    """The fastest qualifying layout (T(1), then T(8) within SPEED_MARGIN) among those that also pass the
+    identity scopes, else among all qualifiers (`reproducible` False), else the float32 fallback."""
     passed = [t for t in trials if t.bit_equal]
     if not passed:
         return Choice(FALLBACK.name, False, "no candidate scored blocks bit-equal to single tokens", trials)
-    best_t1 = min(t.t1_ms for t in passed)
-    near = [t for t in passed if t.t1_ms <= best_t1 * (1 + SPEED_MARGIN)]
+    pool = [t for t in passed if t.reproducible] or passed
+    best_t1 = min(t.t1_ms for t in pool)
+    near = [t for t in pool if t.t1_ms <= best_t1 * (1 + SPEED_MARGIN)]
     best = min(near, key=lambda t: t.t8_ms)
     others = ", ".join(f"{t.layout} {t.t1_ms:g}/{t.t8_ms:g} ms" for t in passed if t is not best)
+    # decode steps' KV kept in the prefix cache unless dropping it is what makes the identity hold
+    generated_kv = not best.reproducible or best.identity.get("generated", 0.0) == 0.0
+    skipped = [t.layout for t in passed if not t.reproducible and t.t1_ms < best.t1_ms and best.reproducible]
     return Choice(best.layout, True, f"T(1)/T(8) {best.t1_ms:g}/{best.t8_ms:g} ms"
-                  + (f" (also bit-equal: {others})" if others else ""), trials)
+                  + (f" (also bit-equal: {others})" if others else "")
+                  + (f"; faster {', '.join(skipped)} not used: its rows differ batched or after a prefix-cache hit"
+                     if skipped else ""), trials, reproducible=best.reproducible, generated_kv=generated_kv)
 
 
 def cache_key(model_path: str | None) -> str:
@@ -206,8 +329,7 @@ def _cached_choice(path) -> Choice | None:
     if path.exists():
         try:
             saved = json.loads(path.read_text())
-            choice = Choice(**{**saved, "trials": [Trial(**t) for t in saved["trials"]]})
-            choice.cached = True
+            choice = Choice(**{**saved, "trials": [Trial(**t) for t in saved["trials"]], "cached": True})
             layout_named(choice.layout)
             return choice
         except (ValueError, TypeError, KeyError, StopIteration):

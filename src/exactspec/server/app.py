@@ -125,7 +125,7 @@ class Routes:
         """Run a translated request: its response, streamed or whole."""
         engine, metrics = self.engine, self.metrics
         shapes = Shapes(endpoint == CHAT, self.model_name, self.token_text, tools, engine.token_bytes,
-                        reproducible(engine, body))
+                        reproducible(engine, body), engine.runtime()["identity"])
         start = time.perf_counter()
         prompt_tokens = len(jobs[0].result.prompt_token_ids)
         if body.stream:

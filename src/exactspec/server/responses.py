@@ -21,9 +21,12 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-def speculative(stats: Stats, reproducible: bool = True) -> dict:
-    """The `speculative` extension: how much drafting saved, and whether a seed reproduces the text."""
-    return {
+def speculative(stats: Stats, reproducible: bool = True, identity: dict | None = None) -> dict:
+    """The `speculative` extension: how much drafting saved, whether a seed reproduces the text, and
+    (`identity`, the engine's: loading.identity, as `/v1/models` reports it) what those rest on:
+    `greedy` (speculative == plain) and `reproducible` (alone == batched == after a prefix-cache hit),
+    each "bit-exact (self-tested)", "by tolerance", "untested device (CUDA)" or "not self-tested"."""
+    out = {
         "proposed": stats.proposed,
         "accepted": stats.accepted,
         "acceptance_rate": stats.acceptance_rate,
@@ -35,6 +38,9 @@ def speculative(stats: Stats, reproducible: bool = True) -> dict:
         "forced": stats.forced,
         "reproducible": reproducible,  # the same request with the same seed gives the same text
     }
+    if identity is not None:
+        out["identity"] = dict(identity)
+    return out
 
 
 def usage(prompt_tokens: int, results: list[GenerationResult]) -> dict:
@@ -55,8 +61,9 @@ class Shapes:
     """Builds the bodies of one response (one id and timestamp), chat or text flavoured."""
 
     def __init__(self, chat: bool, model: str, token_text=None, tools=None, token_bytes=None,
-                 reproducible: bool = True) -> None:
+                 reproducible: bool = True, identity: dict | None = None) -> None:
         self.chat, self.model, self.reproducible = chat, model, reproducible
+        self.identity = identity  # what greedy identity and reproducibility rest on (`speculative`)
         self.token_text, self.token_bytes = token_text, token_bytes  # token id -> its text, its bytes (logprobs)
         self.tools = tools  # server.tools.ToolPlan: the output is read as tool calls
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -81,7 +88,7 @@ class Shapes:
             choices.append(choice)
         return self._envelope("chat.completion" if self.chat else "text_completion", choices,
                               usage=usage(prompt_tokens, results),
-                              speculative=speculative(merged_stats(results), self.reproducible))
+                              speculative=speculative(merged_stats(results), self.reproducible, self.identity))
 
     def read(self, r: GenerationResult) -> tuple[str | None, list[dict] | None]:
         """(content, tool_calls) of a chat result."""
@@ -130,4 +137,4 @@ class Shapes:
         """The last chunk when `stream_options.include_usage` is set: no choices, usage and stats."""
         object_ = "chat.completion.chunk" if self.chat else "text_completion"
         return self._envelope(object_, [], usage=usage(prompt_tokens, results),
-                              speculative=speculative(merged_stats(results), self.reproducible))
+                              speculative=speculative(merged_stats(results), self.reproducible, self.identity))

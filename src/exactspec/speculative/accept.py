@@ -10,7 +10,8 @@ import torch
 from .law import TargetLaw
 from .rows import Draft, Row
 from .sampling import LawError, SamplingParams, bad_laws, warp
-from .verify import accept_greedy, accept_greedy_lenient, verify, verify_coupled, verify_with_uniforms
+from .verify import accept_greedy, accept_greedy_lenient, verify, verify_block_with_uniforms, verify_coupled, \
+    verify_with_uniforms
 from .verify_torch import verify_rows, verify_rows_coupled
 
 
@@ -133,12 +134,14 @@ class GreedyLenient(Rule):
 class Sampled(Rule):
     """The speculative-sampling verifier, one row at a time on host memory (NumPy: per row it is the
     fastest on a CPU), or an injected verifier (tests) on the laws where they are. Point-mass drafts
-    (exact rule) take its coupled form, which leaves a seeded text as plain decoding's (verify_coupled)."""
+    (exact rule) take its coupled form, which leaves a seeded text as plain decoding's (verify_coupled).
+    `block`: drafts with a real law are verified jointly (verify_block_with_uniforms); point masses keep
+    the coupled token rule."""
 
     needs_laws = True
 
-    def __init__(self, verifier=verify, lenience: float = 1.0):
-        self.verifier, self.host = verifier, verifier is verify
+    def __init__(self, verifier=verify, lenience: float = 1.0, block: bool = False):
+        self.verifier, self.host, self.block = verifier, verifier is verify, block
         self.options = {} if lenience == 1 else {"lenience": lenience}
 
     def accept(self, scored: Scored, j: int) -> list[int]:
@@ -152,6 +155,8 @@ class Sampled(Rule):
             out = verify_coupled(d.ids, laws, uniforms)
             row.uniforms.unread(uniforms[len(out):])
             return out
+        if self.block and probs is not None:
+            return verify_block_with_uniforms(d.ids, probs, laws, uniforms)
         return verify_with_uniforms(d.ids, probs, laws, uniforms, **self.options)
 
 
@@ -180,9 +185,10 @@ def acceptance(params: SamplingParams, law: TargetLaw | None, verifier, device: 
         return MASKED
     if params.greedy and law is None:  # lenient greedy compares the un-warped target law
         return GreedyLenient()
-    if device.type != "cpu" and not lenient:
+    block = params.verification == "block"
+    if device.type != "cpu" and not lenient and not block:  # block verification runs on the host (NumPy)
         return ON_DEVICE
-    return Sampled(verify, params.lenience)
+    return Sampled(verify, params.lenience, block)
 
 
 def verify_on_device(rows: list[Row], drafts: list[Draft], target_probs: torch.Tensor) -> list[list[int]]:

@@ -12,6 +12,8 @@ from ..errors import ExactSpecError
 # a long prompt joining delays the running streams by about one chunk's prefill, not its whole prompt's.
 PREFILL_CHUNK = 256
 
+VERIFICATIONS = ("token", "block")  # SamplingParams.verification: per draft token, or the block jointly
+
 MIN_TEMPERATURE = 1e-5  # below it (and 0) sampling is greedy: logits / T would overflow to inf and NaN
 
 
@@ -27,6 +29,11 @@ class SamplingParams:
     # Not a warp but the verifier's acceptance rule: 1 is exact; L in (0, 1) accepts more drafts and is
     # LOSSY (the output law moves towards the drafter's; see verify.py). Here so it travels with a request.
     lenience: float = 1.0
+    # The verifier's rule for drafts with a real law (a draft model, bigram, unigram): "token" (default)
+    # checks each draft in turn (Leviathan et al.); "block" verifies the block jointly (Sun et al. 2025,
+    # verify.verify_block_with_uniforms): exact too, and never fewer accepted drafts in expectation.
+    # Point-mass drafts (prompt lookup, suffix, grammar-forced) keep the coupled token rule either way.
+    verification: str = "token"
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0) or self.temperature == float("inf"):
@@ -39,6 +46,10 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not (0.0 < self.lenience <= 1.0):
             raise ValueError(f"lenience must be in (0, 1] (1 = exact; smaller is lossy), got {self.lenience}")
+        if self.verification not in VERIFICATIONS:
+            raise ValueError(f"verification must be one of {', '.join(VERIFICATIONS)}, got {self.verification!r}")
+        if self.verification == "block" and self.lenience != 1:
+            raise ValueError("block verification is exact only: lenience < 1 applies to verification='token'")
 
     @property
     def greedy(self) -> bool:
