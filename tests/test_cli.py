@@ -109,7 +109,7 @@ def test_help_explains():
 
 def test_json_compare_contract():
     proc = exactspec("generate", "Repeat exactly: one two three four five six", "--max-new-tokens", "24",
-                     "--compare", "--json", "--num-samples", "2")
+                     "--compare", "--json", "--num-samples", "2", "--gamma", "4")  # auto γ: test_costmodel
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert all(isinstance(t, int) for t in out["prompt_token_ids"])
@@ -155,7 +155,7 @@ def test_compare_under_the_users_openmp_setting():
     env = {k: v for k, v in ENV.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     prompt = "Summarise this:\n" + " ".join(load_workload("grounded"))[:1800]
     proc = subprocess.run([sys.executable, "-m", "exactspec.cli", "generate", "-", "--max-new-tokens", "32",
-                           "--compare", "--json"], input=prompt, capture_output=True, text=True, timeout=300, env=env)
+                           "--compare", "--json", "--gamma", "4"], input=prompt, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["compare"]["identical"] is True and len(out["prompt_token_ids"]) > 256
