@@ -47,8 +47,9 @@ def test_join_measures_the_stream_and_the_joiner(api, embedded_llamacpp, monkeyp
     assert 3000 < len(embedded_llamacpp.encode(work["system"])) < 4000 and len(work["transcripts"]) == 3
     monkeypatch.setattr(peer, "long_agent", lambda: {**work, "system": work["system"][:2000]})
     monkeypatch.setitem(peer.MAX_TOKENS, "join", 24)
-    stream, joiner = peer.join(api.base, {}, delay_s=0.2)
+    stream, joiner = peer.join(api.base, {}, delay_s=0.0)
     assert stream.tokens > 0 and stream.max_gap is not None and 0 < joiner.ttft <= joiner.seconds
+    assert stream.started < joiner.started  # the joiner is sent once the stream has its first token
 
 
 def rounds(*specs) -> list:

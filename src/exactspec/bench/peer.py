@@ -21,8 +21,9 @@ the spread of the per-round ratios is printed with it. Requests go through ONE p
                 mean; first steps and later ones apart) and time to first token
     edit, chat  their prompts, one request at a time
     concurrent  the chat prompts 8 at a time (llama-server gets --parallel 8)
-    join        one chat answer streams; 1 s in, the long-agent prompt arrives (llama-server gets
-                --parallel 2): the stream's worst gap between two tokens, the joining prompt's TTFT
+    join        an edit answer streams; just after its first token the long-agent prompt arrives
+                (llama-server gets --parallel 2): the stream's worst gap between two tokens, the
+                joining prompt's TTFT, and how long the two overlapped
 
 Per row: tokens/s (the servers' own `usage`), the ratio to llama-server plain, cached prompt tokens
 (both servers' own count), and whether its texts equal its own plain row's: the exactness column.
@@ -48,7 +49,7 @@ from ..errors import ExactSpecError
 from .workloads import load_workload
 
 WORKLOADS = ("agent", "long-agent", "edit", "chat", "concurrent", "join")
-MAX_TOKENS = {"edit": 320, "chat": 96, "concurrent": 96, "join": 160}  # agent, long-agent: the workload's own
+MAX_TOKENS = {"edit": 320, "chat": 96, "concurrent": 96, "join": 320}  # agent, long-agent: the workload's own
 PARALLEL = {"concurrent": 8, "join": 2}  # llama-server slots the workload needs (ours batches without)
 LATENCY = ("long-agent", "join")  # streamed workloads, reported by latency
 SPEC = ("--spec-default",)  # llama-server's own speculation rows
@@ -83,6 +84,7 @@ class Call:
     ttft: float | None = None  # streamed: request to first content
     max_gap: float | None = None  # streamed: longest wait between two content chunks
     cached: int = 0  # prompt tokens the server took from its cache (its own count)
+    started: float = 0.0  # perf_counter() when the request was sent
 
 
 @dataclass
@@ -167,8 +169,10 @@ def _cached(answer: dict) -> int:
     return int((answer.get("timings") or {}).get("cache_n", 0) or 0)
 
 
-def chat(url: str, messages: list[dict], max_tokens: int, extra: dict, stream: bool = False) -> Call:
-    """One greedy chat completion (streamed: TTFT and the longest gap between content chunks)."""
+def chat(url: str, messages: list[dict], max_tokens: int, extra: dict, stream: bool = False,
+         first: threading.Event | None = None) -> Call:
+    """One greedy chat completion (streamed: TTFT and the longest gap between content chunks; `first` is
+    set at the first content)."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 0, **extra}
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
@@ -180,13 +184,13 @@ def chat(url: str, messages: list[dict], max_tokens: int, extra: dict, stream: b
             if not stream:
                 answer = json.loads(r.read())
                 return Call(answer["choices"][0]["message"]["content"] or "", int(answer["usage"]["completion_tokens"]),
-                            time.perf_counter() - t0, cached=_cached(answer))
-            return _read_stream(r, t0)
+                            time.perf_counter() - t0, cached=_cached(answer), started=t0)
+            return _read_stream(r, t0, first)
     except urllib.error.HTTPError as e:  # e.g. llama-server's slots too small for the prompt
         raise ExactSpecError(f"{url} answered {e.code}: {e.read().decode(errors='replace')[:300]}") from None
 
 
-def _read_stream(response, t0: float) -> Call:
+def _read_stream(response, t0: float, first: threading.Event | None = None) -> Call:
     """Server-sent chat chunks -> the Call (usage from the last chunk that carries one)."""
     text, chunks, times, last = [], 0, [], {}
     for line in response:
@@ -198,13 +202,15 @@ def _read_stream(response, t0: float) -> Call:
         delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
         if delta.get("content"):
             times.append(time.perf_counter())
+            if first is not None:
+                first.set()
             text.append(delta["content"])
             chunks += 1
     seconds = time.perf_counter() - t0
     gaps = [b - a for a, b in zip(times, times[1:])]
     tokens = int((last.get("usage") or {}).get("completion_tokens") or chunks)
     return Call("".join(text), tokens, seconds, times[0] - t0 if times else None, max(gaps, default=0.0),
-                _cached(last))
+                _cached(last), t0)
 
 
 # --- workloads ---------------------------------------------------------------------------------------
@@ -245,20 +251,24 @@ def run_workload(url: str, workload: str, extra: dict) -> Round:
     return Round(time.perf_counter() - start_s, calls)
 
 
-def join(url: str, extra: dict, delay_s: float = 1.0) -> list[Call]:
-    """A chat answer streams; `delay_s` in, the long-agent prompt (system + first task) joins ->
-    [the stream's Call (its max_gap), the joining prompt's Call (its ttft)]."""
+def join(url: str, extra: dict, delay_s: float = 0.3) -> list[Call]:
+    """An edit answer (long copies: seconds of output) streams; `delay_s` after its first token, the
+    long-agent prompt (system + first task) joins -> [the stream's Call (its max_gap), the joining
+    prompt's Call (its ttft)]. `overlap_s` (table_rows) says how long the stream ran beside the join."""
     from .agent import opening
 
     work = long_agent()
     out: list[Call | None] = [None, None]
+    streaming = threading.Event()
 
-    def first() -> None:
-        prompt = load_workload("chat")[0]
-        out[0] = chat(url, [{"role": "user", "content": prompt}], MAX_TOKENS["join"], extra, stream=True)
+    def stream() -> None:
+        prompt = load_workload("edit")[0]
+        out[0] = chat(url, [{"role": "user", "content": prompt}], MAX_TOKENS["join"], extra, stream=True,
+                      first=streaming)
 
-    thread = threading.Thread(target=first)
+    thread = threading.Thread(target=stream)
     thread.start()
+    streaming.wait(timeout=600)
     time.sleep(delay_s)
     out[1] = chat(url, opening(work, work["transcripts"][0])[:2], 16, extra, stream=True)
     thread.join()
@@ -324,9 +334,11 @@ def table_rows(servers_: list[Server], workload: str, results: dict[str, list[Ro
                                                   for m in mine),
                     "same_text_as_llama_server": all([c.text for c in m.calls] == [c.text for c in reference[0].calls]
                                                      for m in mine)}
-            if workload == "join":
+            if workload == "join":  # overlap: how long the stream ran while the joiner waited for its first token
                 row |= {"stream_max_gap_s": max(m.calls[0].max_gap for m in mine[rounds]),
-                        "join_ttft_s": statistics.mean(m.calls[1].ttft for m in mine[rounds])}
+                        "join_ttft_s": statistics.mean(m.calls[1].ttft for m in mine[rounds]),
+                        "overlap_s": min(min(m.calls[0].started + m.calls[0].seconds, m.calls[1].started
+                                             + m.calls[1].ttft) - m.calls[1].started for m in mine[rounds])}
             out.append(row)
     return out
 
@@ -342,16 +354,16 @@ def peer_table(rows: list[dict]) -> str:
     lines = ["| workload | phase | server | tokens/s | vs llama-server plain [rounds] | cached prompt tokens | "
              "same text as its own plain |", "|---|---|---|---|---|---|---|"]
     timed = ["", "| workload | phase | server | step p50 / p90 s | mean step s (vs llama-server) | TTFT p50 s | "
-             "worst gap s | same text as its own plain |", "|---|---|---|---|---|---|---|---|"]
+             "worst gap s (overlap s) | same text as its own plain |", "|---|---|---|---|---|---|---|---|"]
     f = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
     for r in rows:
         same = "yes" if r["same_text_as_own_plain"] else "**no**"
         if r["workload"] in LATENCY:
-            gap = r.get("stream_max_gap_s")
+            gap = f"{f(r['stream_max_gap_s'])} ({f(r['overlap_s'])})" if "stream_max_gap_s" in r else "–"
             ttft = r.get("join_ttft_s", r["ttft_p50_s"])
             timed.append(f"| {r['workload']} | {r['phase']} | {r['method']} | {f(r['step_latency_p50_s'])} / "
                          f"{f(r['step_latency_p90_s'])} | {f(r['step_latency_mean_s'])} "
-                         f"({r['latency_vs_llama_server']:.2f}×) | {f(ttft)} | {f(gap)} | {same} |")
+                         f"({r['latency_vs_llama_server']:.2f}×) | {f(ttft)} | {gap} | {same} |")
         else:
             lo, hi = r["ratio_range"]
             lines.append(f"| {r['workload']} | {r['phase']} | {r['method']} | {r['tokens_per_s']:.1f} | "
