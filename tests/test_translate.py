@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from exactspec.errors import ExactSpecError
+
 from exactspec.generation import Request
 from exactspec.server.app import Routes
 from exactspec.server.metrics import Metrics
@@ -52,6 +54,8 @@ def test_a_text_body_without_a_constraint_has_a_plain_law(embedded):
 
 @pytest.mark.parametrize("fields, param", [
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 500}}, "logit_bias"),
+    ({"repetition_penalty": 1000}, "repetition_penalty"),
     ({"response_format": {"type": "regex", "regex": "("}}, "response_format"),
     ({"max_tokens": 10**7}, "max_tokens"),
     ({"messages": [{"role": "user", "content": ""}], "response_format": {"type": "nonsense"}}, "response_format"),
@@ -60,6 +64,19 @@ def test_a_bad_field_is_an_api_error_naming_it(embedded, fields, param):
     with pytest.raises(ApiError) as e:
         plan_chat(embedded, chat(**fields))
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_one_translator_for_the_server_and_the_api(embedded):
+    """Request settings are parsed in one place (generation.law_spec): the server's request and
+    `Engine.request` refuse the same bias key with the same words, and build the same penalties."""
+    with pytest.raises(ApiError) as server:
+        plan_chat(embedded, chat(logit_bias={"99999999": 1}))
+    with pytest.raises(ExactSpecError) as api:
+        embedded.request(logit_bias={"99999999": 1})
+    assert server.value.message == str(api.value) and server.value.param == "logit_bias"
+    settings = dict(logit_bias={"5": 2.5}, presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.1)
+    [job], _ = plan_chat(embedded, chat(**settings))
+    assert job.request.law.penalties == embedded.request(**settings).law.penalties
 
 
 def test_route_handlers_are_callable_without_http(embedded):

@@ -6,13 +6,14 @@ Request and `Engine.rows` turns it into the loop's rows (speculative/rows.py): `
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from .detokenize import IncrementalText
-from .errors import ExactSpecError
+from .errors import ExactSpecError, FieldError
 from .speculative.grammar import Matcher, grammar_from_spec
 from .speculative.law import LAW_KEYWORDS, Penalties, TargetLaw
 from .speculative.params import check_gamma
@@ -51,22 +52,40 @@ class LawSpec:
         return law
 
 
+_TOKEN_ID = re.compile(r"-?[0-9]+", re.ASCII)
+PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+def bias_token(key: int | str, vocab_size: int) -> int:
+    """A `logit_bias` key (an int, or a string of ASCII decimal digits as JSON keys are) -> the token id
+    it names, which must be one of the model's; FieldError naming `logit_bias` otherwise."""
+    text = str(key) if isinstance(key, int) and not isinstance(key, bool) else key
+    if not isinstance(text, str) or not _TOKEN_ID.fullmatch(text) or not 0 <= int(text) < vocab_size:
+        raise FieldError(f"logit_bias key {key!r} is not a token id of this model (0..{vocab_size - 1})", "logit_bias")
+    return int(text)
+
+
 def law_spec(grammar_tokenizer: Callable[[], object], vocab_size: int, response_format=None, grammar=None,
              logit_bias: dict | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
              repetition_penalty: float = 1.0, logprobs: int | None = None) -> LawSpec:
-    """The law keywords (`Engine.make_law`'s) checked and compiled; `grammar_tokenizer()` is only
-    called (it is built once, slowly) when there is a grammar."""
+    """The law keywords (`Engine.make_law`'s, and the server's and `exactspec batch`'s request fields)
+    checked and compiled, in ONE place: a bad bias or penalty is a FieldError naming its field.
+    `grammar_tokenizer()` is only called (it is built once, slowly) when there is a grammar."""
     if response_format is not None and grammar is not None:
         raise ExactSpecError("give either response_format or grammar, not both")
     spec = {"type": "grammar", "grammar": grammar} if isinstance(grammar, str) else grammar or response_format
     compiled = grammar_from_spec(spec)
+    if logit_bias is not None and not isinstance(logit_bias, dict):
+        raise FieldError(f"logit_bias must map token ids to numbers, got {type(logit_bias).__name__}", "logit_bias")
+    bias = {bias_token(k, vocab_size): v for k, v in (logit_bias or {}).items()}
     try:
-        penalties = Penalties({int(k): float(v) for k, v in (logit_bias or {}).items()}, presence_penalty,
-                              frequency_penalty, repetition_penalty)
+        penalties = Penalties({k: float(v) for k, v in bias.items()}, presence_penalty, frequency_penalty,
+                              repetition_penalty)
     except (TypeError, ValueError) as e:
-        raise ExactSpecError(str(e)) from None
+        field_ = next((name for name in PENALTY_FIELDS if str(e).startswith(name)), "logit_bias")
+        raise FieldError(str(e), field_) from None
     if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
-        raise ExactSpecError(f"logprobs must be an integer in [0, 20], got {logprobs!r}")
+        raise FieldError(f"logprobs must be an integer in [0, 20], got {logprobs!r}", "logprobs")
     matcher = Matcher(grammar_tokenizer(), compiled, vocab_size) if compiled is not None else None
     return LawSpec(matcher, penalties, logprobs)
 

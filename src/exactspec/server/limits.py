@@ -31,7 +31,6 @@ MAX_GRAMMAR_RULES = 1000
 MAX_TOOLS = 128
 MAX_MESSAGES = 10_000  # validated on the event loop (pydantic), so bounded: 10^5 messages stalled it
 
-_TOKEN_ID = re.compile(r"-?[0-9]+", re.ASCII)
 _LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][A-Za-z_0-9]*(\{[^}]*\})?(\.-?\d+)?\s*:", re.MULTILINE)
 
 
@@ -46,14 +45,6 @@ def check_stops(stops: list[str]) -> None:
     for s in stops:
         if len(s) > MAX_STOP_CHARS:
             raise LimitError(f"stop: a stop string has at most {MAX_STOP_CHARS} characters, got {len(s)}", "stop")
-
-
-def token_id(key: str, vocab_size: int) -> int:
-    """A `logit_bias` key -> the token id it names (ASCII decimal digits, optionally signed, in range)."""
-    if not _TOKEN_ID.fullmatch(key) or not 0 <= int(key) < vocab_size:
-        raise LimitError(f"logit_bias key {key!r} is not a token id of this model (0..{vocab_size - 1})",
-                         "logit_bias")
-    return int(key)
 
 
 def check_constraint(spec: dict | None, param: str) -> None:

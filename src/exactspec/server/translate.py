@@ -8,18 +8,15 @@ the n jobs of a request share one `generation.Request` (each sample gets its own
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..batching import Job
 from ..chat_prompt import encode_chat
 from ..engine import Engine
 from ..errors import ExactSpecError, FieldError
 from ..generation import GenerationResult, LawSpec, Request
-from ..speculative.law import Penalties
 from ..speculative.sampling import SamplingParams
 from .families import family_of
 from .history import for_template
-from .limits import LimitError, check_constraint, check_stops, token_id
+from .limits import LimitError, check_constraint, check_stops
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .tools import ToolPlan, plan_tools
 
@@ -76,7 +73,7 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
         raise ApiError(400, str(e), e.param) from None
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    law = law_spec(engine, body, tools)
+    law = request_law(engine, body, tools)
     shown = tools.tools if tools is not None else None  # a tool family's template lays them out itself
     ids = prompt_ids(engine, prompt, chat_template, budget, prompt_param, budget_param, shown)
     context = engine.target.max_length
@@ -111,9 +108,10 @@ def prompt_ids(engine: Engine, prompt: str | list[dict], chat_template: bool | N
     return ids
 
 
-def law_spec(engine: Engine, body: GenerationRequest, tools: ToolPlan | None) -> LawSpec:
-    """The request's grammar, bias, penalties and logprobs, checked: the constraint within limits.py's
-    bounds, compiled (once: its samples share it), and able to match some text."""
+def request_law(engine: Engine, body: GenerationRequest, tools: ToolPlan | None) -> LawSpec:
+    """The request's grammar (or its tools' constraint), bias, penalties and logprobs, through the one
+    translator (`generation.law_spec`, as `Engine.request` uses): the constraint first held to limits.py's
+    bounds, compiled once (its samples share it) and able to match some text."""
     constraint, param = body.response_format, "tools" if tools is not None else "response_format"
     if tools is not None:
         if constraint is not None and constraint.get("type") != "text":
@@ -121,19 +119,16 @@ def law_spec(engine: Engine, body: GenerationRequest, tools: ToolPlan | None) ->
         constraint = tools.constraint
     try:
         check_constraint(constraint, param)
-        compiled = engine.law_spec(grammar=constraint)
+        compiled = engine.law_spec(grammar=constraint, logit_bias=body.logit_bias,
+                                   presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                                   repetition_penalty=body.repetition_penalty, logprobs=body.logprobs_k())
         if compiled.matcher is not None:  # a language with no text fails here
             compiled.matcher.mask()
-        bias = {token_id(key, engine.target.vocab_size): float(value) for key, value in (body.logit_bias or {}).items()}
-    except LimitError as e:
+    except FieldError as e:  # limits.py's bounds, a bias key or value, a penalty
         raise ApiError(400, str(e), e.param) from None
     except ExactSpecError as e:
         raise ApiError(400, str(e), param) from None
-    try:
-        penalties = Penalties(bias, body.presence_penalty, body.frequency_penalty, body.repetition_penalty)
-    except ValueError as e:
-        raise ApiError(400, str(e), "logit_bias") from None
-    return replace(compiled, penalties=penalties, logprobs=body.logprobs_k())
+    return compiled
 
 
 def reproducible(engine: Engine, body: GenerationRequest) -> bool:
