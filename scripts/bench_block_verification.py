@@ -21,9 +21,13 @@ an exact sample of the target). The tiny part takes ~15 s on 2 CPU cores.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: tests/
 
 from exactspec.drafters.model import ModelDrafter
 from exactspec.models.fast_llama import FastLlamaLM
@@ -34,19 +38,11 @@ from exactspec.stats import Stats
 PROMPT = [0, 3, 5, 2, 7, 1, 4]
 
 
-def tiny_llama(seed: int, vocab: int = 8, sharpness: float = 8.0, layers: int = 2):
-    """The conftest recipe (tests/device_checks.tiny_llama): a random Llama far from uniform."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama(seed: int, sharpness: float = 8.0, layers: int = 2):
+    """The test suite's tiny random Llama (tests/device_checks.py), on the CPU."""
+    from tests.device_checks import tiny_llama as make
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=0)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpness)
-        model.model.embed_tokens.weight.mul_(sharpness)
-    return model
+    return make(seed, "cpu", vocab=8, sharpness=sharpness, layers=layers)
 
 
 def tiny(generations: int, length: int) -> None:

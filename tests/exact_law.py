@@ -344,3 +344,19 @@ def product(*laws: dict) -> dict:
     for parts in itertools.product(*(law.items() for law in laws)):
         out[tuple(k for k, _ in parts)] = math.prod(v for _, v in parts)
     return out
+
+
+def batch_run(target, specs: list[tuple], n: int) -> Callable[[], tuple]:
+    """A `run` for `enumerate_law`: rows (prompt, make_drafter, params, gamma) decoded as ONE batch of the
+    real loop for n tokens each -> their outputs, in row order."""
+    from exactspec.speculative.loop import decode_rows
+    from exactspec.speculative.rows import Row
+
+    def run() -> tuple:
+        rows = [Row(j, prompt, make(), params, gamma, n, None) for j, (prompt, make, params, gamma) in enumerate(specs)]
+        out = {j: [] for j in range(len(rows))}
+        for row, tokens in decode_rows(target, rows):
+            out[row.key] += tokens
+        return tuple(tuple(out[j]) for j in range(len(rows)))
+
+    return run

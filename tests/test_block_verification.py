@@ -25,12 +25,11 @@ from exactspec.speculative import sampling
 from exactspec.speculative import verify as verify_module
 from exactspec.speculative.accept import ARGMAX, ON_DEVICE, Sampled, acceptance
 from exactspec.speculative.law import Penalties, TargetLaw
-from exactspec.speculative.loop import decode, decode_rows
-from exactspec.speculative.rows import Row
+from exactspec.speculative.loop import decode
 from exactspec.speculative.sampling import SamplingParams, as_numpy, warp
 from exactspec.speculative.verify import verify_block_with_uniforms, verify_with_uniforms
 
-from .exact_law import TableLM, distance, enumerate_law, product, target_law
+from .exact_law import TableLM, batch_run, distance, enumerate_law, product, target_law
 from .test_exact_law import PROMPT, TokenGrammar, check, drafter_factory, first_tokens, grammar_oracle, penalised, \
     target_and_draft
 
@@ -81,14 +80,7 @@ def test_block_rows_batched_with_token_rows_are_independent_draws_of_their_own_l
              ([1, 1], lambda: NGramDrafter(vocab, 2), SamplingParams(temperature=1.4), 2),
              ([1, 0, 1, 0], PromptLookupDrafter, block(temperature=0.7), 3)]
 
-    def run():
-        rows = [Row(j, prompt, make(), params, gamma, n, None) for j, (prompt, make, params, gamma) in enumerate(specs)]
-        out = {j: [] for j in range(len(rows))}
-        for row, tokens in decode_rows(target, rows):
-            out[row.key] += tokens
-        return tuple(tuple(out[j]) for j in range(len(rows)))
-
-    law, _ = enumerate_law(run)
+    law, _ = enumerate_law(batch_run(target, specs, n))
     oracle = product(*(target_law(target, prompt, n, params=params) for prompt, _, params, _ in specs))
     check(law, oracle, 2e-7)  # the token row's float32 tolerance
 

@@ -29,12 +29,11 @@ from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from exactspec.speculative.law import Penalties, TargetLaw
-from exactspec.speculative.loop import decode, decode_batch, decode_rows
-from exactspec.speculative.rows import Row
+from exactspec.speculative.loop import decode, decode_batch
 from exactspec.speculative.sampling import SamplingParams, warp
 
-from .exact_law import TableLM, Uniform, UntrackedUse, distance, enumerate_law, enumerated, Enumerator, product, \
-    target_law
+from .exact_law import (Enumerator, TableLM, Uniform, UntrackedUse, batch_run, distance, enumerate_law, enumerated,
+                        product, target_law)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -144,14 +143,7 @@ def test_batched_rows_are_independent_draws_of_their_own_laws():
              ([1, 0, 1, 0], PromptLookupDrafter, SamplingParams(temperature=0.7), 3),
              ([1, 1], lambda: NGramDrafter(vocab, 2), SamplingParams(temperature=1.4), 1)]
 
-    def run():
-        rows = [Row(j, prompt, make(), params, gamma, n, None) for j, (prompt, make, params, gamma) in enumerate(specs)]
-        out = {j: [] for j in range(len(rows))}
-        for row, tokens in decode_rows(target, rows):
-            out[row.key] += tokens
-        return tuple(tuple(out[j]) for j in range(len(rows)))
-
-    law, _ = enumerate_law(run)
+    law, _ = enumerate_law(batch_run(target, specs, n))
     oracle = product(*(target_law(target, prompt, n, params=params) for prompt, _, params, _ in specs))
     check(law, oracle, 2 * SAMPLED_TOL)
 
