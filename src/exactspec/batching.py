@@ -35,7 +35,6 @@ from itertools import groupby
 
 from .generation import GenerationResult, Request
 from .speculative.loop import BatchDecoder, _sum_rows_into
-from .speculative.params import PREFILL_CHUNK
 from .speculative.rows import Row
 from .stats import Stats
 
@@ -114,7 +113,7 @@ class Scheduler:
         if capacity is not None:
             max_rows = capacity if max_rows is None else min(max_rows, capacity)
         if prefill_chunk == -1:  # the engine's (`--prefill-chunk`)
-            prefill_chunk = getattr(engine, "prefill_chunk", PREFILL_CHUNK)
+            prefill_chunk = engine.prefill_chunk
         self.engine, self.max_rows, self.prefill_chunk = engine, max_rows, prefill_chunk
         self.stats = stats if stats is not None else Stats()  # the batch's: prefill time, batched forwards
         self._stopping = stopping if stopping is not None else threading.Event()

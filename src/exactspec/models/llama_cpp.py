@@ -192,10 +192,6 @@ class LlamaCppLM:
         rows = affordable_rows(path, rows, want) if rows > 1 else 1
         self.max_rows, self.batched = rows, rows > 1
         self.ragged = self.batched  # forward_ragged: rows of different lengths in one decode, unpadded
-        # open_row / extend_row / copy_row: a joining prompt prefilled in chunks between decode steps
-        # (BatchDecoder's prefill budget); chunks are cut at multiples of n_ubatch where they can be, and
-        # the self-test's verdict (blocks equal one-token steps) covers the rest
-        self.chunked_prefill = self.batched
         self.n_batch = max(1, min(n_batch, want))
         self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
         self.repack = resolve_repack(path, repack)
@@ -230,6 +226,13 @@ class LlamaCppLM:
         """Context settings of this adapter (per sequence), for another `Llama` over the same file (bench anchors)."""
         return dict(n_ctx=n_ctx or self.max_length, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                     n_threads=self.single_threads, n_threads_batch=self.threads, **self.llama_kwargs)
+
+    @property
+    def chunked_prefill(self) -> bool:
+        """open_row / extend_row / copy_row: a joining prompt prefilled in chunks between decode steps
+        (BatchDecoder's prefill budget) -- while rows are batched; chunks are cut at multiples of n_ubatch
+        where they can be, and the self-test's verdict (blocks equal one-token steps) covers the rest."""
+        return self.batched
 
     def set_single_threads(self, n: int) -> None:
         """Threads of one-token steps (blocks keep `threads`): see llama_cpp_numerics.py."""

@@ -260,7 +260,7 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     if rows > 1:
         diff = cached_check(f"{verdict_key}-{rows}", "rows-ragged", lambda: rows_vs_alone(lm))
         if diff != 0.0:
-            lm.batched = lm.ragged = lm.chunked_prefill = False
+            lm.batched = lm.ragged = False
             lm.identity += f"; rows decode one at a time (a row scored beside others differs by {diff:.3g} here)"
     lm.cost_key = f"llama.cpp|{file}|{repack}|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}"
     return lm
