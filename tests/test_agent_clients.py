@@ -181,22 +181,22 @@ def test_langchain_with_structured_output(api, method):
         assert [c["name"] for c in out["raw"].tool_calls] == ["Forecast"]
 
 
-def test_pydantic_ai_agent_tool_loop(api):
+def pydantic_agent(api, then, **agent_kwargs):
+    """A pydantic-ai Agent on our server with the `get_forecast` tool, whose first step must call it and
+    whose later steps get `then` as tool_choice (pydantic-ai's way to vary it per step) -> (agent, the
+    calls the tool ran)."""
     from pydantic_ai import Agent
     from pydantic_ai.capabilities import AbstractCapability
-    from pydantic_ai.messages import TextPart, ToolCallPart, ToolReturnPart
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
     class ForecastFirst(AbstractCapability):
-        """The first step must call `get_forecast`; after it the model answers in text (pydantic-ai's
-        way to vary tool_choice per step)."""
-
         def get_model_settings(self):
-            return lambda ctx: {"tool_choice": ["get_forecast"] if ctx.run_step <= 1 else "none"}
+            return lambda ctx: {"tool_choice": ["get_forecast"] if ctx.run_step <= 1 else then}
 
     model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=f"{api.base}/v1", api_key="unused"))
-    agent = Agent(model, model_settings={"max_tokens": 32, "temperature": 0}, capabilities=[ForecastFirst()])
+    agent = Agent(model, model_settings={"max_tokens": 32, "temperature": 0}, capabilities=[ForecastFirst()],
+                  **agent_kwargs)
     ran: list[dict] = []
 
     @agent.tool_plain
@@ -205,6 +205,14 @@ def test_pydantic_ai_agent_tool_loop(api):
         ran.append({"city": city})
         return forecast(city)
 
+    return agent, ran
+
+
+def test_pydantic_ai_agent_tool_loop(api):
+    """The first step calls the tool; after it the model answers in text."""
+    from pydantic_ai.messages import TextPart, ToolCallPart, ToolReturnPart
+
+    agent, ran = pydantic_agent(api, "none")
     result = agent.run_sync(QUESTION)
     assert isinstance(result.output, str) and result.output
     parts = [type(p) for m in result.all_messages() for p in m.parts]
@@ -215,26 +223,7 @@ def test_pydantic_ai_agent_tool_loop(api):
 
 def test_pydantic_ai_agent_structured_output(api):
     """A tool step, then the run ends in a validated object: pydantic-ai's output tool, forced."""
-    from pydantic_ai import Agent
-    from pydantic_ai.capabilities import AbstractCapability
-    from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.providers.openai import OpenAIProvider
-
-    class ForecastThenAnswer(AbstractCapability):
-        def get_model_settings(self):
-            return lambda ctx: {"tool_choice": ["get_forecast"] if ctx.run_step <= 1 else ["final_result"]}
-
-    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=f"{api.base}/v1", api_key="unused"))
-    agent = Agent(model, output_type=Forecast, model_settings={"max_tokens": 32, "temperature": 0},
-                  capabilities=[ForecastThenAnswer()])
-    ran: list[dict] = []
-
-    @agent.tool_plain
-    def get_forecast(city: Literal["Paris", "London", "Rome"]) -> str:
-        """Get today's weather forecast for a city."""
-        ran.append({"city": city})
-        return forecast(city)
-
+    agent, ran = pydantic_agent(api, ["final_result"], output_type=Forecast)
     result = agent.run_sync(QUESTION)
     assert isinstance(result.output, Forecast)
     bodies = api.recorder.take()
