@@ -1,6 +1,6 @@
-"""What batch-invariant mode costs: one decode step and 4 / 8-token blocks of the embedded model's lean
-forward at a 300-token context, fp32 and bf16, with and without `batch_invariant`, interleaved in one
-process (medians of 3 rounds, milliseconds). Usage: .venv/bin/python scripts/bench_invariance.py"""
+"""What batch-invariant mode costs: the 300-token prefill, one decode step and 4 / 8-token blocks of the
+embedded model's lean forward at that context, fp32 and bf16, with and without `batch_invariant`,
+interleaved in one process (medians of 3 rounds, milliseconds). Usage: .venv/bin/python scripts/bench_invariance.py"""
 
 import copy
 import statistics
@@ -25,16 +25,18 @@ times: dict[tuple, list[float]] = {}
 for _ in range(3):
     for key, lm in models.items():
         lm.reset()
+        t = time.perf_counter()
         lm.prefill(context)
+        times.setdefault(key + ("prefill",), []).append((time.perf_counter() - t) * 1000)
         t = time.perf_counter()
         for _ in range(20):
             lm.forward(torch.tensor([[5]]))
-        times.setdefault(key + (1,), []).append((time.perf_counter() - t) / 20 * 1000)
+        times.setdefault(key + ("k=1",), []).append((time.perf_counter() - t) / 20 * 1000)
         for k in (4, 8):
             lm.truncate(300)
             t = time.perf_counter()
             lm.forward(torch.randint(0, lm.vocab_size, (1, k)))
-            times.setdefault(key + (k,), []).append((time.perf_counter() - t) * 1000)
+            times.setdefault(key + (f"k={k}",), []).append((time.perf_counter() - t) * 1000)
 print(describe(torch.device("cpu"), torch.bfloat16))
-for (dtype, invariant, k), ts in times.items():
-    print(f"{dtype:9s} invariant={invariant!s:5s} k={k}: {statistics.median(ts):6.1f} ms")
+for (dtype, invariant, what), ts in times.items():
+    print(f"{dtype:9s} invariant={invariant!s:5s} {what}: {statistics.median(ts):6.1f} ms")

@@ -21,7 +21,13 @@ Whether a layout (dtype, mode) is bit-equal on a given CPU, and which is fastest
 (models/layouts.py: `dtype auto`); on an Intel Xeon with AMX both bf16 and fp32 in this mode pass and
 neither passes without it (an AMD EPYC with AVX-512 BF16 passed bf16 in the mode). Price (embedded model, 2 threads, 300-token context,
 AMD EPYC): a plain step computes 8 rows, 42.5 ms in bf16 vs 32.7 ms without the mode, while 4- and
-8-token blocks cost about one step (42.2 / 45.7 ms). A layout chosen explicitly (`--dtype`) keeps the
+8-token blocks cost about one step (42.2 / 45.7 ms). The prefill runs in the mode too, in the same shapes
+(`_causal_spans`: spans of PREFILL_SPAN queries over the key blocks up to each span's end). A prompt's KV is
+then computed in the same shapes alone, padded beside another prompt, after a prefix-cache restore and
+by decode steps, so it is the same bits wherever blocks vs steps is (the identity self-test checks it).
+Outside the mode the fused attention, the bf16 RMSNorm over all rows and MKL's fp32 kernel
+choice by M made them differ (docs/devices-and-dtypes.md). Its price is the prefill's time, 2.5-3x (bf16,
+300 tokens: 1.5 s vs 0.6 s on a loaded 2-core EPYC). A layout chosen explicitly (`--dtype`) keeps the
 old default: the mode for bf16 / fp16 on a CPU, not for fp32.
 CUDA runs unchunked (cuBLAS is not
 row-invariant either: there greedy identity is tested, not guaranteed bit for bit).
@@ -40,6 +46,7 @@ from .prefix_cache import prefill_prompt
 SUPPORTED = ("llama", "mistral", "qwen2")
 INVARIANT_ROWS = 8  # rows per matmul in batch-invariant mode: one step of γ <= 7 verification is one chunk
 ATTN_BLOCK = 128  # invariant mode attends over whole blocks of this many keys (the same lengths alone or in a block)
+PREFILL_SPAN = 128  # invariant mode: queries per attention call of a long prefill (whole INVARIANT_ROWS chunks)
 
 
 def supports(module: torch.nn.Module) -> bool:
@@ -265,9 +272,10 @@ class FastLlamaLM:
         end = int(self.lengths.max()) + k
         if end > self.max_length:
             raise ExactSpecError(f"context length {end} exceeds the model's {self.max_length} tokens")
-        # Prefill (no logits) is shared by plain and speculative decoding of a prompt, so it need not be
-        # invariant; in the mode it cost ~17x (800 tokens: 14 s vs 0.85 s, bf16, 2 threads).
-        inv = self.batch_invariant and logits
+        # Prefill runs in the mode too: a prompt's KV is then computed in the same shapes whatever it is
+        # prefilled beside (a padded batch), after (a prefix-cache restore) or in how many pieces, and in
+        # the shapes decode steps write theirs (an agent's next step may reuse those from the prefix cache).
+        inv = self.batch_invariant
         if inv:  # keys beyond a query's position are masked: whole blocks, same order
             end = min(-(-end // ATTN_BLOCK) * ATTN_BLOCK, self.max_length)
         self._ensure_capacity(end)
@@ -288,7 +296,7 @@ class FastLlamaLM:
             self.v_cache[i][rows, :, positions] = v.view(B, k, Hkv, d)
             keys, values = self.k_cache[i, :B, :, :end], self.v_cache[i, :B, :, :end]  # [B, Hkv, end, d]
             if inv:
-                attn = _invariant_attention(q, keys, values, positions)
+                attn = _causal_spans(q, keys, values, positions)
             else:
                 attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=H != Hkv)
             x = x + self._linear(attn.view(B, H, k, d).transpose(1, 2).reshape(B, k, H * d), layer.wo, None, inv)
@@ -298,6 +306,22 @@ class FastLlamaLM:
         if not logits:
             return None
         return self._linear(self._rms(x, self.final_norm, inv), self.lm_head, None, inv).float()  # [B, k, V]
+
+
+def _causal_spans(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`_invariant_attention` over spans of PREFILL_SPAN queries, each over the key blocks up to its last
+    query. The same bits as one call over all keys (blocks beyond a query add exact zeros, in block
+    order), at about half the work of a long prefill (the causal triangle, not the square) and one
+    span's memory. Shapes as `_invariant_attention`."""
+    k = q.shape[2]
+    if k <= PREFILL_SPAN:
+        return _invariant_attention(q, keys, values, positions)
+    out = []
+    for s in range(0, k, PREFILL_SPAN):
+        span = positions[:, s : s + PREFILL_SPAN]  # [B, <= PREFILL_SPAN]
+        end = min(-(-(int(span.max()) + 1) // ATTN_BLOCK) * ATTN_BLOCK, keys.shape[2])
+        out.append(_invariant_attention(q[:, :, s : s + PREFILL_SPAN], keys[:, :, :end], values[:, :, :end], span))
+    return torch.cat(out, 2)
 
 
 def _invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -326,8 +350,8 @@ def _invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     chunks = (k + pad) // R
     qg = q.float().view(B, Hkv, G, k, d).transpose(2, 3)  # [B, Hkv, k, G, d]
     qg = F.pad(qg, (0, 0, 0, 0, 0, pad)).reshape(B, Hkv, chunks, 1, R * G, d)
-    kb = keys.float().view(B, Hkv, 1, blocks, A, d)
-    scores = (qg @ kb.transpose(-1, -2) * d ** -0.5).view(B, Hkv, chunks, blocks, R, G, A)
+    kb = keys.float().contiguous().view(B, Hkv, 1, blocks, A, d)  # one memory layout, whatever the cache's
+    scores = (_per_chunk(qg, kb.transpose(-1, -2)) * d ** -0.5).view(B, Hkv, chunks, blocks, R, G, A)
     rows = k if chunks == 1 else R  # query rows the softmax computes per chunk
     scores = scores[:, :, :, :, :rows]
     padded = torch.cat([positions, positions[:, -1:].expand(B, pad)], 1)  # pad queries: any valid row
@@ -338,8 +362,18 @@ def _invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     probs = (scores - top).exp()  # masked keys: exact zeros
     sums = probs.sum(-1)  # [B, Hkv, chunks, blocks, r, G]
     probs = F.pad(probs, (0, 0, 0, 0, 0, R - rows))  # the pad rows back, as zeros: [.., blocks, R, G, A]
-    parts = probs.view(B, Hkv, chunks, blocks, R * G, A) @ values.float().view(B, Hkv, 1, blocks, A, d)
+    parts = _per_chunk(probs.view(B, Hkv, chunks, blocks, R * G, A),
+                       values.float().contiguous().view(B, Hkv, 1, blocks, A, d))
     total = sums.cumsum(3)[:, :, :, -1]  # in block order: [B, Hkv, c, r, G]
     weighted = parts.cumsum(3)[:, :, :, -1].view(B, Hkv, chunks, R, G, d)[:, :, :, :rows]  # [B, Hkv, c, r, G, d]
     out = (weighted / total[..., None]).reshape(B, Hkv, chunks * rows, G, d)[:, :, :k]  # [B, Hkv, k, G, d]
     return out.transpose(2, 3).reshape(B, H, k, d).to(q.dtype)
+
+
+def _per_chunk(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x [B, Hkv, chunks, ...] @ y [B, Hkv, 1, ...], one matmul per query chunk: each is the very call a
+    single chunk (a decode step) makes, on the same memory layout. (One broadcast matmul over all chunks
+    copied y per chunk, into another layout than a single chunk's: slower, and another kernel path.)"""
+    if x.shape[2] == 1:
+        return x @ y
+    return torch.cat([x[:, :, c : c + 1] @ y for c in range(x.shape[2])], 2)
