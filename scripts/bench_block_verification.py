@@ -1,21 +1,19 @@
-"""Token vs block verification: accepted drafts per target call, measured (not timed; not a test).
+"""Token vs block verification on the tiny random Llama pair: accepted drafts per target call, measured
+(not timed; not a test).
 
 Block verification (Sun et al., ICLR 2025; `verification="block"`, speculative/verify.py) is exact like
 the token rule, and per block never accepts fewer drafts in expectation. This script measures how many
-more it accepts on
+more it accepts where drafts are partly right: the test suite's tiny random Llama pair (vocab 8; target
+2 layers, draft 1 layer; conftest.py), a draft model, T = 1, γ = 2/4/6, GENERATIONS generations of
+LENGTH tokens per rule, same seeds. On real models, tokens/s and tokens per target call side by side:
 
-  tiny   the test suite's tiny random Llama pair (vocab 8; target 2 layers, draft 1 layer; conftest.py),
-         a draft model, T = 1, γ = 2/4/6, GENERATIONS generations of LENGTH tokens per rule, same seeds;
-  embedded  (--embedded, opt-in: ~3 minutes on 2 busy cores) the embedded SmolLM2-135M-Instruct with the
-         bigram drafter, T = 1, γ = 4, 3 prompts x 2 seeds x 48 tokens. Its drafts are almost never
-         accepted under either rule (1.05 tokens per call): block verification gains where drafts are
-         partly right, which an online bigram over a 49k vocabulary at T = 1 rarely is.
+    exactspec bench --verification token,block --drafters bigram [--draft-model PATH] --temperatures 1
 
 Tokens per target call = emitted tokens / target forwards (a lone generation: one forward per iteration).
 Both rules see the same seeds, but they consume the uniforms differently, so the samples differ (each is
-an exact sample of the target). The tiny part takes ~15 s on 2 CPU cores.
+an exact sample of the target). ~15 s on 2 CPU cores.
 
-    .venv/bin/python scripts/bench_block_verification.py [--generations 80] [--length 24] [--embedded]
+    .venv/bin/python scripts/bench_block_verification.py [--generations 80] [--length 24]
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 
@@ -64,39 +61,12 @@ def tiny(generations: int, length: int) -> None:
         print(f"| {gamma} | {per['token']:.3f} | {per['block']:.3f} | {100 * (per['block'] / per['token'] - 1):+.1f}% |")
 
 
-def embedded(prompts: list[str], max_new_tokens: int, seeds: int) -> None:
-    import exactspec
-
-    engine = exactspec.load(draft="bigram", gamma=4)
-    print(f"\nembedded SmolLM2-135M-Instruct, bigram drafter, T = 1, γ = 4, {len(prompts)} prompts x {seeds} seeds "
-          f"x {max_new_tokens} tokens")
-    totals = {}
-    for rule in ("token", "block"):
-        emitted = calls = 0
-        t0 = time.perf_counter()
-        for prompt in prompts:
-            for seed in range(seeds):
-                result = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed,
-                                         verification=rule)
-                emitted += result.stats.emitted
-                calls += result.stats.target_calls
-        totals[rule] = emitted / calls
-        print(f"{rule}: {emitted} tokens in {calls} target calls = {totals[rule]:.3f} tokens/call "
-              f"({time.perf_counter() - t0:.1f} s)")
-    print(f"gain: {100 * (totals['block'] / totals['token'] - 1):+.1f}%")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--generations", type=int, default=80)
     ap.add_argument("--length", type=int, default=24)
-    ap.add_argument("--embedded", action="store_true", help="also the embedded model with bigram (minutes)")
     args = ap.parse_args()
     tiny(args.generations, args.length)
-    if args.embedded:
-        embedded(["Write a short story about a robot who learns to paint.",
-                  "Explain how a bicycle works to a child.",
-                  "List five ideas for a rainy afternoon."], 48, 2)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,12 @@ def lossy(engine, out, line):
     assert out["stats"]["lenience"] == 0.5 and out["stats"]["exact"] is False, out
 
 
+def point_masses_by_token_rule(engine, out, line):
+    """This engine drafts by prompt lookup (point masses): under block they keep the coupled token rule."""
+    assert out["token_ids"] == alone(engine, line, temperature=1.0, seed=3).token_ids, out
+    assert out["stats"]["block_verified"] == 0 and out["stats"]["proposed"] > 0, out
+
+
 def matches(engine, out, line):
     assert re.fullmatch("[a-c]{3}", out["text"]) and out["finish_reason"] == "stop", out
 
@@ -192,6 +198,8 @@ CASES = [  # (fields covered, line, check); all lines run in ONE batch
     ({"stop"}, {**GREEDY, "stop": ["10"]}, stopped),
     ({"gamma"}, {**GREEDY, "gamma": 0}, no_drafts),
     ({"lenience"}, {**GREEDY, "temperature": 0.8, "seed": 1, "lenience": 0.5}, lossy),
+    ({"verification"}, {**SAMPLED, "verification": "block"}, point_masses_by_token_rule),
+    ({"verification"}, {**SAMPLED, "verification": "block", "lenience": 0.5}, refused("verification: block .* exact only")),
     ({"response_format"}, {**GREEDY, "response_format": {"type": "regex", "regex": "[a-c]{3}"}}, matches),
     ({"logit_bias"}, {**GREEDY, "logit_bias": "banana"}, biased),
     ({"presence_penalty"}, {**GREEDY, "presence_penalty": 2.0}, as_alone(temperature=0, presence_penalty=2.0)),

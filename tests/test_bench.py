@@ -1,11 +1,17 @@
 """The side-by-side bench's constrained workload (`json`): shipped cases with schemas, the rows it adds
 (unconstrained plain, forced-only speculation), greedy identity across its constrained rows, and the
-forced / schema-valid shares it reports."""
+forced / schema-valid shares it reports; token vs block verification rows side by side."""
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
+
+from exactspec.bench.cli import add_bench_subcommand
 from exactspec.bench.runner import build_methods, methods_for, run_bench, to_markdown
 from exactspec.bench.workloads import WORKLOADS, load_cases, load_workload, schema_valid
+from exactspec.errors import ExactSpecError
 from exactspec.speculative.grammar import grammar_from_spec
 from exactspec.speculative.sampling import SamplingParams
 
@@ -132,3 +138,31 @@ def test_budgeted_runners_cut_their_work_and_their_progress_bars(embedded):
                                progress=bar, name="agent-repeat", budget_s=1e-3)
     assert bar.total == bar.n == kinds + 1 and rows[0]["steps"] == kinds + 1
     assert {"workload", "temperature", "method", "drafter", "gamma", "tokens_per_s"} <= rows[0].keys()
+
+
+def test_verification_rows_side_by_side(embedded):
+    """bench --verification token,block: each speculative row once per rule, side by side per γ, with a
+    `verification` field; a point-mass drafter (prompt lookup) keeps its token row alone, and the
+    tables grow a verification column only when a row verified by block (the default output unchanged)."""
+    methods = build_methods(embedded, ["prompt-lookup", "bigram"], [2], auto=False, hf=False,
+                            verifications=("token", "block"))
+    assert [(m.method, m.drafter, m.verification) for m in methods] == [
+        ("exactspec-plain", None, None), ("exactspec-spec", "prompt-lookup", "token"),
+        ("exactspec-spec", "bigram", "token"), ("exactspec-spec", "bigram", "block")]
+    rows = run_bench(embedded, methods, ["chat"], [1.0], prompts_per_workload=1, reps=1, max_new_tokens=6)
+    assert [r["verification"] for r in rows] == [None, "token", "token", "block"]
+    assert all(r["tokens_per_s"] > 0 and r["tokens_per_target_call"] >= 1 for r in rows)
+    table = to_markdown(rows)
+    assert "| γ | verification | tokens/s |" in table and "| bigram | 2 | block | " in table
+    token_only = to_markdown([r for r in rows if r["verification"] != "block"])
+    assert "verification" not in token_only and token_only.splitlines()[0].startswith("| workload | T | method | drafter | γ | tokens/s |")
+
+
+def test_verification_option_is_checked_before_the_model_loads():
+    parser = argparse.ArgumentParser()
+    add_bench_subcommand(parser.add_subparsers())
+    for argv, message in ((["--verification", "token,tree"], "comma list of token, block"),
+                          (["--verification", "block", "--batch", "1,2"], "not with --batch")):
+        args = parser.parse_args(["bench", *argv])
+        with pytest.raises(ExactSpecError, match=message):
+            args.func(args)

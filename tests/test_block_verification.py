@@ -8,7 +8,10 @@ with the exact-law enumerator (tests/exact_law.py), not by sampling:
 * per block, its expected number of accepted drafts is >= the token rule's, computed exactly (the law
   of the accepted count, enumerated) for random (p, q) blocks: block verification's guarantee;
 * point-mass drafts keep the coupled token rule (same tokens for a seed), greedy keeps the argmax rule,
-  and the option is checked (params.py).
+  and the option is checked (params.py);
+* the batched loop on a real target (the tiny Llama pair, bit-exact alone == batched): block rows beside
+  token and point-mass rows are each their lone run for a seed, greedy block rows are plain decoding,
+  and each row's stats count the target calls the block rule verified (what the server reports).
 """
 
 from __future__ import annotations
@@ -20,14 +23,20 @@ import torch
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter
+from exactspec.errors import FieldError
+from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.speculative import accept as accept_module
 from exactspec.speculative import sampling
 from exactspec.speculative import verify as verify_module
 from exactspec.speculative.accept import ARGMAX, ON_DEVICE, Sampled, acceptance
 from exactspec.speculative.law import Penalties, TargetLaw
-from exactspec.speculative.loop import decode
+from exactspec.speculative.loop import decode, decode_rows
+from exactspec.speculative.rows import Row
 from exactspec.speculative.sampling import SamplingParams, as_numpy, warp
 from exactspec.speculative.verify import verify_block_with_uniforms, verify_with_uniforms
+from exactspec.stats import Stats
+
+from .conftest import TINY_VOCAB, tiny_llama
 
 from .exact_law import TableLM, batch_run, distance, enumerate_law, product, target_law
 from .test_exact_law import PROMPT, TokenGrammar, check, drafter_factory, first_tokens, grammar_oracle, penalised, \
@@ -215,6 +224,62 @@ def test_block_accepts_at_least_as_many_drafts_as_the_token_rule(seed, gamma, vo
         assert expected["block"] > expected["token"] + 1e-6, expected  # these random blocks gain strictly
 
 
+# --- the batched loop on a real target -----------------------------------------------------------------
+
+BATCH_PROMPTS = [[3, 5, 2, 3, 5, 7, 2], [1, 2], [4, 4, 4, 4, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [6]]
+LENGTH = 16
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """The tiny random Llama pair on the lean batched forward (a row's logits alone == batched, bit for
+    bit: test_batch.py) -> the target, and a factory of draft-model drafters (each its own KV cache)."""
+    target = FastLlamaLM(tiny_llama(0), set(), capacity=48)
+    draft = tiny_llama(1, sharpness=4.0, layers=1)
+    return target, lambda: ModelDrafter(FastLlamaLM(draft, set(), capacity=48))
+
+
+def batched(target, specs: list[tuple], seeds: list[int | None]) -> tuple[list[list[int]], list[Row]]:
+    """Rows (drafter factory, params, γ) over BATCH_PROMPTS decoded as ONE batch -> each row's tokens, the rows."""
+    rows = [Row(j, prompt, make(), params, gamma, LENGTH, None if seed is None else torch.Generator().manual_seed(seed))
+            for j, (prompt, (make, params, gamma), seed) in enumerate(zip(BATCH_PROMPTS, specs, seeds))]
+    out = {row.key: [] for row in rows}
+    for row, tokens in decode_rows(target, rows):
+        out[row.key] += tokens
+    return [out[row.key] for row in rows], rows
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 5)])
+def test_block_rows_of_a_batch_each_equal_their_lone_run(tiny_pair, temperature, top_k):
+    """A draft-model and a bigram row under block, a token row and a point-mass row under block, in ONE
+    batch: each row's tokens are its lone run's for the same seed (each row keeps its own rule; the law of
+    such a batch, enumerated, is the product of the target's laws: test_block_rows_batched_with_token_rows_...).
+    The block rows' stats count the target calls the block rule verified; the others count none."""
+    target, model = tiny_pair
+    sampled, token = block(temperature=temperature, top_k=top_k), SamplingParams(temperature=temperature, top_k=top_k)
+    bigram = lambda: NGramDrafter(TINY_VOCAB)  # noqa: E731
+    specs = [(model, sampled, 3), (bigram, token, 2), (PromptLookupDrafter, sampled, 4), (bigram, sampled, 3)]
+    seeds = [40, 41, 42, 43]
+    out, rows = batched(target, specs, seeds)
+    for j, (prompt, (make, params, gamma), seed) in enumerate(zip(BATCH_PROMPTS, specs, seeds)):
+        stats = Stats()
+        assert out[j] == list(decode(target, make(), prompt, params, gamma, LENGTH, torch.Generator().manual_seed(seed),
+                                     stats)), j
+        assert rows[j].stats.block_verified == stats.block_verified
+    assert [row.stats.block_verified > 0 for row in rows] == [True, False, False, True]
+
+
+def test_greedy_block_rows_of_a_batch_are_plain_decoding(tiny_pair):
+    """At T = 0 block rows keep the argmax rule: batched, each row's tokens are plain greedy decoding's
+    (γ 0, alone), and no target call counts as block-verified."""
+    target, model = tiny_pair
+    greedy = block(temperature=0)
+    makers = [model, lambda: NGramDrafter(TINY_VOCAB), PromptLookupDrafter, model]
+    out, rows = batched(target, [(make, greedy, 3) for make in makers], [None] * len(makers))
+    assert out == [list(decode(target, None, prompt, greedy, 0, LENGTH)) for prompt in BATCH_PROMPTS]
+    assert sum(row.stats.accepted for row in rows) > 0 and all(row.stats.block_verified == 0 for row in rows)
+
+
 # --- where the block rule applies, and the option ------------------------------------------------------
 
 def test_point_mass_drafts_keep_the_coupled_rule_and_its_tokens():
@@ -242,8 +307,9 @@ def test_acceptance_rules_for_block():
 def test_verification_option_is_checked():
     with pytest.raises(ValueError, match="verification must be one of"):
         SamplingParams(verification="tree")
-    with pytest.raises(ValueError, match="lenience"):
+    with pytest.raises(FieldError, match="lenience") as refused:  # the server's 400 names the field
         SamplingParams(verification="block", lenience=0.5)
+    assert refused.value.param == "verification"
     assert SamplingParams().verification == "token"
 
 

@@ -4,9 +4,10 @@ Each mutant is applied by monkeypatching the real function (the verifier the loo
 a drafter's `propose`, the law's warp or penalties); the loop's law is then enumerated exactly
 (tests/exact_law.py) and compared with the target's. A mutant is caught when the law moves by more than
 1e-3 (10^4 times the exact tests' tolerance) or the loop refuses to go on (e.g. an emitted token breaks
-the grammar). Two mutants are EQUIVALENT: they change no law, and the test asserts that they pass, so the
-exact-law test raises no false alarm. Exactness needs q reported = q sampled; it does not need q warped
-or masked like p (a worse q only lowers acceptance).
+the grammar). Three mutants are EQUIVALENT: they change no law, and the test asserts that they pass, so
+the exact-law test raises no false alarm. Exactness needs q reported = q sampled; it does not need q warped
+or masked like p (a worse q only lowers acceptance). Nor does it forbid cutting sampled drafts after they
+are drawn: only a cut that reads the drafted tokens themselves biases the law (test_exact_law_auto.py).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import pytest
 import torch
 
 from exactspec.drafters.model import ModelDrafter
+from exactspec.drafters.ngram import NGramDrafter
 from exactspec.speculative import accept as accept_module
+from exactspec.speculative import propose as propose_module
 from exactspec.speculative import sampling
 from exactspec.speculative import verify as verify_module
+from exactspec.speculative.costmodel import AutoGamma
 from exactspec.speculative.interfaces import Proposal
 from exactspec.speculative.law import Penalties, TargetLaw
 from exactspec.speculative.sampling import SamplingParams, as_numpy, warp
@@ -28,6 +32,7 @@ from exactspec.speculative.sampling import SamplingParams, as_numpy, warp
 from .exact_law import distance, enumerate_law, target_law
 from .test_exact_law import PROMPT, TokenGrammar, drafter_factory, first_tokens, grammar_oracle, penalised, \
     target_and_draft
+from .test_exact_law_auto import depth_policy, traced_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -126,6 +131,28 @@ def always_accept(draft_ids, draft_probs, target_probs, uniforms, lenience=1.0):
     return draft_ids + [int(as_numpy(target_probs)[len(draft_ids)].argmax())]
 
 
+def cut_after_drafting(match_of):
+    """Under auto γ, every drafter's proposal is cut after drafting, as a copy's is (propose.copying),
+    to auto γ's width for the match length `match_of(proposal)` that the bigram drafter now reports."""
+    original = NGramDrafter.propose
+
+    def propose(self, *args, **kwargs):
+        proposal = original(self, *args, **kwargs)
+        proposal.match = match_of(proposal)
+        return proposal
+
+    def install(mp):
+        mp.setattr(propose_module, "copying", lambda drafter, gamma: isinstance(gamma, AutoGamma))
+        mp.setattr(NGramDrafter, "propose", propose)
+    return install
+
+
+def confident(proposal: Proposal) -> int:
+    """How many leading drafts the drafter gave probability >= 1/2: read off the drafted tokens."""
+    ids = proposal.ids.tolist()
+    return next((i for i, x in enumerate(ids) if proposal.probs[i, x] < 0.5), len(ids))
+
+
 # name -> (install(monkeypatch), config, caught?)
 MUTANTS = {
     "control: the verifier's copy, unmutated": (
@@ -150,6 +177,8 @@ MUTANTS = {
         lambda mp: mp.setattr(TargetLaw, "_penalise", penalise_off_by_one), "penalties", True),
     "grammar mask on the draft only": (
         lambda mp: mp.setattr(TargetLaw, "probs", mask_on_draft_only(TargetLaw.probs)), "grammar", True),
+    "γ chosen after seeing the drafts: sampled drafts cut like copies, by how many the drafter was sure of": (
+        cut_after_drafting(confident), "auto-bigram", True),
     # equivalent mutants: the law is unchanged, and the exact-law test must say so
     "EQUIVALENT warp on p only: q sampled AND reported un-warped": (
         lambda mp: mp.setattr("exactspec.drafters.model.warp", lambda logits, params: logits.float().softmax(-1)),
@@ -157,6 +186,8 @@ MUTANTS = {
     "EQUIVALENT grammar mask on the target only: q sampled AND reported unmasked": (
         lambda mp: mp.setattr(TargetLaw, "draft_probs", lambda self, logits, prefix: warp(logits, self.params)),
         "grammar", False),
+    "EQUIVALENT sampled drafts cut like copies, by a match blind to their values (their count)": (
+        cut_after_drafting(len), "auto-bigram", False),
 }
 
 
@@ -185,6 +216,11 @@ def config(name: str):
         make_law = lambda: TargetLaw(params, prompt, vocab, matcher=TokenGrammar(vocab, prompt[-1]))
         return (first_tokens(target, model, prompt, params, 2, 2, make_law=make_law),
                 target_law(target, prompt, 2, law_at=grammar_oracle(vocab, prompt, params)))
+    if name == "auto-bigram":  # auto γ over bigram, already at the steep depth: γ 0 unless α looks >= 0.5
+        target, _ = target_and_draft(2, sharpness=1.5)
+        params, prompt = SamplingParams(), [t % 2 for t in PROMPT]
+        run = traced_run(target, lambda: (NGramDrafter(2), depth_policy(len(prompt) - 2)), prompt, params, 2)
+        return (lambda: run()[0]), target_law(target, prompt, 2, params=params)
     raise KeyError(name)
 
 

@@ -23,7 +23,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 import exactspec.drafting
-from exactspec.engine import GenerationResult
+from exactspec.engine import Engine, GenerationResult
 from exactspec.errors import ExactSpecError
 from exactspec.server import create_app
 from exactspec.server.cli import add_serve_subcommand, cmd_serve
@@ -74,6 +74,17 @@ def sequential_server(server, embedded):
     """A second app on the same engine that runs one sample at a time (the fallback path); it serves
     only while `server` is idle, as the engine is not thread-safe."""
     yield from _running(create_app(embedded, model_name=MODEL, max_rows=1), server.refs)
+
+
+@pytest.fixture(scope="module")
+def bigram_server(server, embedded):
+    """A third app over the same target, drafting by bigram (a real draft law, what block verification
+    applies to; fixed γ 3, so a seed reproduces), with its lone references per rule and seed. Like
+    `sequential_server`, it serves only while `server` is idle."""
+    engine = Engine(embedded.target, embedded.tokenizer, draft="bigram", gamma=3)
+    refs = {(rule, seed): engine.generate(MESSAGES, max_new_tokens=12, temperature=1.0, seed=seed, verification=rule)
+            for rule in ("token", "block") for seed in (21, 22)}
+    yield from _running(create_app(engine, model_name=MODEL), refs)
 
 
 def _running(app, refs):
@@ -251,6 +262,8 @@ LONG_PROMPT = "word " * 9000  # > 8192 tokens
     (TEXT, {"prompt": "hi", "gamma": -1}, "gamma"),
     (TEXT, {"prompt": "hi", "gamma": "fast"}, "gamma"),
     (TEXT, {"prompt": "hi", "seed": "abc"}, "seed"),
+    (TEXT, {"prompt": "hi", "verification": "tree"}, "verification"),
+    (CHAT, {"messages": MESSAGES, "verification": "block", "lenience": 0.5}, "verification"),  # block is exact only
     (TEXT, {"prompt": ""}, "prompt"),
     (TEXT, {"prompt": LONG_PROMPT, "max_tokens": 4}, "prompt"),
     (CHAT, {"messages": []}, "messages"),
@@ -436,6 +449,40 @@ def test_concurrent_mixed_requests_share_batches_exactly(server, monkeypatch):
     assert [metric(server.base, name) - b for name, b in zip(counters, before)] == sums
     assert multi_row_forwards(server.base) > multi, "the requests were never batched"
     assert batched_forwards(server.base) - forwards < sum(b["speculative"]["target_calls"] for b in bodies)
+
+
+def test_block_verification_of_point_mass_drafts_is_the_token_rule(server):
+    """`verification: "block"` on this server's prompt-lookup drafts (point masses): they keep the coupled
+    token rule, so a seed gives the token rule's text, and `speculative` says the token rule verified them."""
+    resp = server.client.completions.create(model=MODEL, prompt=COMPLETION_PROMPT, max_tokens=8, temperature=1.0,
+                                            seed=7, extra_body={"verification": "block"})
+    spec = resp.model_extra["speculative"]
+    assert resp.choices[0].text == server.refs.sampled[0].text
+    assert spec["verification"] == "token" and spec["block_verified"] == 0 and spec["exact"] is True
+
+
+def test_block_and_token_requests_share_a_batch_each_by_its_rule(bigram_server):
+    """A block and a token request (n = 2 each) at once: their rows decode in shared target forwards, each
+    by its own rule and each exactly its lone run for its seed; `speculative` names the rule that verified
+    the drafts and counts the target calls verified as a block."""
+    srv = bigram_server
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "temperature": 1.0, "seed": 21, "n": 2}
+    multi = multi_row_forwards(srv.base)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=srv.base, timeout=120) as client:
+            return await asyncio.gather(client.post(CHAT, json={**body, "verification": "block"}),
+                                        client.post(CHAT, json=body))  # "token": the default
+
+    for r, rule in zip(asyncio.run(main()), ("block", "token")):
+        assert r.status_code == 200, r.text
+        refs = [srv.refs[(rule, seed)] for seed in (21, 22)]
+        assert [c["message"]["content"] for c in r.json()["choices"]] == [ref.text for ref in refs]
+        spec = r.json()["speculative"]
+        assert spec["verification"] == rule and spec["exact"] is True
+        assert spec["block_verified"] == sum(ref.stats.block_verified for ref in refs)
+        assert (spec["block_verified"] > 0) == (rule == "block")
+    assert multi_row_forwards(srv.base) > multi, "the requests were never batched"
 
 
 def test_concurrent_lenient_requests_share_a_batch(server):

@@ -27,10 +27,12 @@ class Stats:
     draft_s: float = 0.0  # time inside the drafter
     verify_s: float = 0.0  # time in target forward + verification
     lenience: float = 1.0  # the verifier's lenience (1 = exact; < 1 = lossy, see verify.py); merged: the smallest
+    block_verified: int = 0  # target calls whose drafts were verified as a block (verification="block", real draft law)
 
     def record(self, proposed: int, accepted: int, emitted: int, drafter: str | None = None, forced: int = 0,
-               forced_accepted: int = 0) -> None:
+               forced_accepted: int = 0, block: bool = False) -> None:
         self.target_calls += 1
+        self.block_verified += block
         if proposed and drafter is not None:
             self.drafts_by[drafter] = self.drafts_by.get(drafter, 0) + 1
         self.forced += forced
@@ -84,7 +86,7 @@ class Stats:
         out.drafts_by = {k: self.drafts_by.get(k, 0) + other.drafts_by.get(k, 0)
                          for k in {**self.drafts_by, **other.drafts_by}}
         for name in ("target_calls", "draft_calls", "proposed", "accepted", "rejections", "emitted",
-                     "cached_tokens", "prefill_tokens", "forced", "forced_accepted"):
+                     "cached_tokens", "prefill_tokens", "forced", "forced_accepted", "block_verified"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("prefill_s", "decode_s", "draft_s", "verify_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))

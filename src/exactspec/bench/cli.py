@@ -40,6 +40,11 @@ def add_bench_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     bench.add_argument("--gammas", default="2,4,6", help="comma list of fixed gammas (auto is added unless --no-auto; "
                        "with --batch: the first, or auto)")
     bench.add_argument("--no-auto", action="store_true", help="skip --gamma auto rows")
+    bench.add_argument("--verification", default="token", metavar="RULE,...",
+                       help="comma list of token, block: each speculative row once per verifier's rule, side by side "
+                            "(rows get a verification field; tokens/call and tokens/s compare them). Block applies "
+                            "to drafters with a real law (bigram, unigram, --draft-model, auto); prompt lookup and "
+                            "suffix keep their token rows. The side-by-side rows only (default token)")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate anchors")
     bench.add_argument("--prompts", type=int, default=3, help="prompts per workload (default 3)")
     bench.add_argument("--reps", type=int, default=2, help="repetitions (default 2)")
@@ -127,6 +132,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .runner import build_methods, methods_for, plot, run_bench, to_markdown
     from .workloads import CONSTRAINED, WORKLOADS, load_cases
 
+    verifications = _verifications(args)
     if args.peer:
         return _bench_peer(args)
     workloads = [w for w in args.workloads.split(",") if w]
@@ -153,7 +159,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.draft_model:
         engine.draft = "model"
     methods = build_methods(engine, drafters, gammas, not args.no_auto, not args.no_hf, hf_draft, engine.backend,
-                            constrained=any(w in CONSTRAINED for w in workloads))
+                            constrained=any(w in CONSTRAINED for w in workloads), verifications=verifications)
     total = sum(len(methods_for(methods, w in CONSTRAINED)) * min(prompts, len(load_cases(w))) for w in workloads) \
         * len(temperatures) * reps
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=args.json and not sys.stderr.isatty()) as bar:
@@ -178,6 +184,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("ceiling (every draft accepted, (γ+1) / (T(γ+1)/T(1))): "
               + ", ".join(f"γ={g}: {c:.2f}×" for g, c in _ceiling(cost).items()))
     return 0
+
+
+def _verifications(args: argparse.Namespace) -> tuple[str, ...]:
+    """--verification's rules, checked before the model loads: token and/or block, for the side-by-side rows."""
+    from ..speculative.params import VERIFICATIONS
+
+    rules = tuple(dict.fromkeys(v.strip() for v in args.verification.split(",") if v.strip()))
+    if not rules or any(v not in VERIFICATIONS for v in rules):
+        raise ExactSpecError(f"--verification {args.verification!r}: a comma list of {', '.join(VERIFICATIONS)}")
+    if rules != ("token",) and (args.batch or args.peer):
+        raise ExactSpecError("--verification compares the side-by-side rows: not with --batch or --peer")
+    return rules
 
 
 def peer_spec_default() -> tuple[str, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..engine import Engine, GenerationResult
 from ..speculative.sampling import SamplingParams
@@ -23,6 +23,7 @@ class Method:
     run: RunFn
     constrains: bool = False  # decodes under a case's response_format
     only_constrained: bool = False  # a row of constrained workloads alone
+    verification: str | None = None  # our speculative rows: the verifier's rule, "token" or "block" (params.py)
 
 
 def stops_at_eos(params: SamplingParams, response_format: dict | None) -> bool:
@@ -39,9 +40,12 @@ def fresh_store(engine: Engine) -> None:
         engine.drafts.set_store(store.budget / 2**20)
 
 
-def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, constrained: bool = True) -> Method:
-    """Our decoding loop; under a constrained workload's schema unless not `constrained`."""
+def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, constrained: bool = True,
+                     verification: str = "token") -> Method:
+    """Our decoding loop; under a constrained workload's schema unless not `constrained`; its drafts
+    verified by `verification`'s rule ("token" or "block": the bench's side-by-side of the two)."""
     def run(prompt_ids, params, max_new_tokens, seed, response_format=None):
+        params = replace(params, verification=verification)
         stats, result = Stats(), GenerationResult("", [], prompt_ids, "length")
         fresh_store(engine)
         t = time.perf_counter()
@@ -52,5 +56,6 @@ def exactspec_method(engine: Engine, drafter: str | None, gamma: int | str, cons
 
     if not constrained:
         return Method("exactspec-plain-unconstrained", None, 0, run, only_constrained=True)
-    name = "exactspec-plain" if gamma == 0 else "exactspec-spec"
-    return Method(name, drafter if gamma != 0 else None, gamma, run, constrains=True)
+    if gamma == 0:
+        return Method("exactspec-plain", None, gamma, run, constrains=True)
+    return Method("exactspec-spec", drafter, gamma, run, constrains=True, verification=verification)

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..engine import Engine
 from ..models.light_llama import hf_module
+from ..speculative.params import POINT_MASS_DRAFTS
 from ..speculative.sampling import SamplingParams
 from ..stats import Stats, total
 from .methods import Method, exactspec_method, fresh_store
@@ -55,11 +57,14 @@ def hf_method(engine: Engine, method: str, **generate_kwargs) -> Method:
 
 
 def build_methods(engine: Engine, drafters: list[str], gammas: list[int], auto: bool, hf: bool,
-                  hf_draft_module=None, backend: str = "torch", constrained: bool = False) -> list[Method]:
+                  hf_draft_module=None, backend: str = "torch", constrained: bool = False,
+                  verifications: tuple[str, ...] = ("token",)) -> list[Method]:
     """Our plain decoding first (every ratio's baseline), then our speculative rows, then the anchors
     a user would pick instead: HF generate on the torch backend, llama-cpp-python's on llama.cpp.
     With `constrained` workloads among the run's: also our unconstrained plain decoding and
-    speculation on grammar-forced tokens alone (drafter `none`), for those workloads."""
+    speculation on grammar-forced tokens alone (drafter `none`), for those workloads. Each speculative
+    row once per rule in `verifications` ("token", "block"), side by side per γ; a point-mass drafter
+    (prompt lookup, suffix) is verified by the token rule under either, so it gets its token row only."""
     methods = [exactspec_method(engine, None, 0)]
     if constrained:
         methods.append(exactspec_method(engine, None, 0, constrained=False))
@@ -67,9 +72,9 @@ def build_methods(engine: Engine, drafters: list[str], gammas: list[int], auto: 
             m.only_constrained = True
             methods.append(m)
     for drafter in drafters:
-        methods += [exactspec_method(engine, drafter, g) for g in gammas]
-        if auto:
-            methods.append(exactspec_method(engine, drafter, "auto"))
+        rules = dict.fromkeys("token" if drafter in POINT_MASS_DRAFTS else v for v in verifications)
+        methods += [exactspec_method(engine, drafter, g, verification=v)
+                    for g in [*gammas, *(["auto"] if auto else [])] for v in rules]
     if hf and backend == "llama.cpp":
         from .llamacpp import llamacpp_methods
 
@@ -161,7 +166,7 @@ def _rows(workload, temperature, methods, per_rep, cost, constrained=False) -> l
             predicted = 1.0
         rows.append({
             "workload": workload, "temperature": temperature, "method": m.method, "drafter": m.drafter,
-            "gamma": m.gamma, "tokens_per_s": statistics.median(r[j] for r in tps),
+            "gamma": m.gamma, "verification": m.verification, "tokens_per_s": statistics.median(r[j] for r in tps),
             "speedup_vs_plain": statistics.median(r[j] / r[0] for r in tps),
             "speedup_vs_anchor_plain": statistics.median(r[j] / r[anchor] for r in tps) if anchor is not None else None,
             "acceptance_rate": merged.acceptance_rate if merged else None,
@@ -189,13 +194,28 @@ def to_markdown(rows: list[dict]) -> str:
                                      _constrained_table(constrained) if constrained else "") if t)
 
 
+def _lead(rows: list[dict]) -> tuple[list[str], Callable[[dict], str]]:
+    """The columns every table starts with (workload, T, method, drafter, γ, and the verifier's rule when
+    a row verified by block: a run with --verification token,block) and a row's cells for them."""
+    rules = any(r["verification"] == "block" for r in rows)
+
+    def cells(r: dict) -> str:
+        return (f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
+                f"{'–' if r['gamma'] is None else r['gamma']} | " + (f"{r['verification'] or '–'} | " if rules else ""))
+
+    return ["workload", "T", "method", "drafter", "γ"] + (["verification"] if rules else []), cells
+
+
+def _header(columns: list[str]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def _constrained_table(rows: list[dict]) -> str:
-    f = _f
-    lines = ["| workload | T | method | drafter | γ | tokens/s | vs our plain constrained | vs anchor plain | "
-             "tokens/call | forced share | decode ms/token | schema-valid |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    f, (lead, cells) = _f, _lead(rows)
+    lines = _header(lead + ["tokens/s", "vs our plain constrained", "vs anchor plain", "tokens/call", "forced share",
+                            "decode ms/token", "schema-valid"])
     for r in rows:
-        lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
-                     f"{'–' if r['gamma'] is None else r['gamma']} | {f(r['tokens_per_s'], '{:.1f}')} | "
+        lines.append(f"{cells(r)}{f(r['tokens_per_s'], '{:.1f}')} | "
                      f"{f(r['speedup_vs_plain'], '{:.2f}×')} | {f(r['speedup_vs_anchor_plain'], '{:.2f}×')} | "
                      f"{f(r['tokens_per_target_call'])} | {f(r['forced_share'])} | "
                      f"{f(r['decode_ms_per_token'], '{:.1f}')} | {f(r['valid_share'], '{:.0%}')} |")
@@ -203,12 +223,11 @@ def _constrained_table(rows: list[dict]) -> str:
 
 
 def _free_table(rows: list[dict]) -> str:
-    f = _f
-    lines = ["| workload | T | method | drafter | γ | tokens/s | vs our plain | vs anchor plain | acceptance | tokens/call | predicted | accepted runs (≥8 / ≥16) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    f, (lead, cells) = _f, _lead(rows)
+    lines = _header(lead + ["tokens/s", "vs our plain", "vs anchor plain", "acceptance", "tokens/call", "predicted",
+                            "accepted runs (≥8 / ≥16)"])
     for r in rows:
-        lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['method']} | {r['drafter'] or '–'} | "
-                     f"{'–' if r['gamma'] is None else r['gamma']} | {f(r['tokens_per_s'], '{:.1f}')} | "
+        lines.append(f"{cells(r)}{f(r['tokens_per_s'], '{:.1f}')} | "
                      f"{f(r['speedup_vs_plain'], '{:.2f}×')} | {f(r['speedup_vs_anchor_plain'], '{:.2f}×')} | {f(r['acceptance_rate'])} | "
                      f"{f(r['tokens_per_target_call'])} | {f(r['predicted_speedup'])} | {_long_runs(r['accepted_run_lengths'])} |")
     return "\n".join(lines)
@@ -222,7 +241,8 @@ def _long_runs(runs: list[int] | None) -> str:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    """Measured and predicted speed-up vs γ, per drafter, one panel per workload x temperature."""
+    """Measured and predicted speed-up vs γ, per drafter (and verifier's rule), one panel per workload x
+    temperature."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,10 +253,12 @@ def plot(rows: list[dict], path: str) -> None:
     for ax, (workload, temperature) in zip(axes[0], panels):
         spec = [r for r in rows if (r["workload"], r["temperature"]) == (workload, temperature)
                 and r["method"] == "exactspec-spec" and isinstance(r["gamma"], int)]
-        for drafter in sorted({r["drafter"] for r in spec}):
-            pts = sorted((r["gamma"], r["speedup_vs_plain"], r["predicted_speedup"]) for r in spec if r["drafter"] == drafter)
-            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{drafter} measured")
-            ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=line.get_color(), label=f"{drafter} predicted")
+        for drafter, rule in sorted({(r["drafter"], r.get("verification")) for r in spec}):  # agent rows: no rule
+            pts = sorted((r["gamma"], r["speedup_vs_plain"], r["predicted_speedup"]) for r in spec
+                         if (r["drafter"], r.get("verification")) == (drafter, rule))
+            name = drafter + (" (block)" if rule == "block" else "")
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{name} measured")
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=line.get_color(), label=f"{name} predicted")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=f"{workload}, T={temperature:g}", xlabel="γ", ylabel="speed-up vs plain")
         ax.legend(fontsize=8)

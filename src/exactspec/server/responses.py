@@ -34,6 +34,10 @@ def speculative(stats: Stats, reproducible: bool = True, identity: dict | None =
         "tokens_per_target_call": stats.tokens_per_target_call,
         "drafts_by": stats.drafts_by,  # target calls with drafts per drafter (--draft auto's choices)
         "lenience": stats.lenience,  # 1 = exact; < 1 = lossy (the output law is not the target's)
+        # the rule that verified the drafts: "block" when any target call verified them jointly; a request
+        # asking for block with point-mass drafts (prompt lookup, suffix) or at T = 0 got the token rule
+        "verification": "block" if stats.block_verified else "token",
+        "block_verified": stats.block_verified,  # target calls whose drafts were verified as a block
         "exact": stats.exact,
         "forced": stats.forced,
         "reproducible": reproducible,  # the same request with the same seed gives the same text

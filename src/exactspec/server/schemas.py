@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..speculative.params import VERIFICATIONS
 from .limits import MAX_MESSAGES
 
 MAX_N = 8  # samples per request; they decode as rows of the running batch
@@ -78,8 +79,8 @@ class ChatMessage(_Strict):
 
 
 class GenerationRequest(_Strict):
-    """Fields shared by chat and text completions: OpenAI's, plus `top_k`, `min_p` and `gamma`
-    (draft tokens per target call, or "auto"; None: the engine's)."""
+    """Fields shared by chat and text completions: OpenAI's, plus `top_k`, `min_p`, `gamma` (draft
+    tokens per target call, or "auto"; None: the engine's), `lenience` and `verification`."""
 
     model: str | None = None
     max_tokens: int | None = Field(None, gt=0)
@@ -94,6 +95,7 @@ class GenerationRequest(_Strict):
     min_p: float = Field(0.0, ge=0, le=1)
     gamma: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
     lenience: float = Field(1.0, gt=0, le=1)  # 1 = exact; < 1 accepts more drafts and is LOSSY
+    verification: Literal[VERIFICATIONS] = "token"  # "block": drafts with a real law verified jointly (exact)
     # the law (speculative/law.py): grammar, bias and penalties, applied to target and drafts alike
     response_format: dict | None = None  # OpenAI's, plus {"type": "regex", "regex"} / {"type": "grammar", "grammar"}
     logit_bias: dict[str, float] | None = None

@@ -13,10 +13,11 @@ from ..chat_prompt import encode_chat
 from ..engine import Engine
 from ..errors import ExactSpecError, FieldError
 from ..generation import GenerationResult, LawSpec, Request
+from ..speculative.params import POINT_MASS_DRAFTS
 from ..speculative.sampling import SamplingParams
 from .families import family_of
 from .history import for_template
-from .limits import LimitError, check_constraint, check_stops
+from .limits import check_constraint, check_stops
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .tools import ToolPlan, plan_tools
 
@@ -65,11 +66,11 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
          max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> list[Job]:
     """Check and tokenise a request; one job per sample, all sharing one Request."""
     sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-                    lenience=body.lenience)
+                    lenience=body.lenience, verification=body.verification)
     try:
         params = SamplingParams(**sampling)
         check_stops(body.stop_list())
-    except LimitError as e:
+    except FieldError as e:  # a stop string out of bounds, block verification with lenience < 1
         raise ApiError(400, str(e), e.param) from None
     except ValueError as e:
         raise ApiError(400, str(e)) from None
@@ -141,6 +142,6 @@ def reproducible(engine: Engine, body: GenerationRequest) -> bool:
     gamma = engine.gamma if body.gamma is None else body.gamma
     if SamplingParams(temperature=body.temperature).greedy:
         return True
-    if engine.draft in ("prompt-lookup", "suffix", "none") and body.lenience == 1:
+    if engine.draft in POINT_MASS_DRAFTS and body.lenience == 1:
         return True
     return gamma != "auto" and engine.draft != "auto"

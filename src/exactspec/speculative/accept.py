@@ -103,6 +103,11 @@ class Rule:
     def accept(self, scored: Scored, j: int) -> list[int]:
         raise NotImplementedError
 
+    def joint(self, draft: Draft) -> bool:
+        """Whether `draft` is verified as a block (Sun et al. 2025) rather than token by token: what a
+        row's stats count (`Stats.block_verified`) and the server reports as its `verification`."""
+        return False
+
 
 class GreedyArgmax(Rule):
     """Temperature 0, no law: drafts kept while they equal the target's argmax (`verify` on one-hot laws)."""
@@ -155,9 +160,12 @@ class Sampled(Rule):
             out = verify_coupled(d.ids, laws, uniforms)
             row.uniforms.unread(uniforms[len(out):])
             return out
-        if self.block and probs is not None:
+        if self.joint(d):
             return verify_block_with_uniforms(d.ids, probs, laws, uniforms)
         return verify_with_uniforms(d.ids, probs, laws, uniforms, **self.options)
+
+    def joint(self, draft: Draft) -> bool:
+        return self.block and draft.probs is not None  # point masses keep the coupled token rule
 
 
 class OnDevice(Rule):

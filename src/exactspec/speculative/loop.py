@@ -132,9 +132,10 @@ class BatchDecoder:
         """Prefill up to `budget` prompt tokens of the joining requests, oldest first (None: all). A
         request whose prompt is complete gets its samples' copies and starts decoding; one whose prefill
         fails leaves with the error (the next `step` yields its rows), the other rows untouched. Chunks
-        end at a multiple of the target's n_ubatch where they can, so its compute steps are a whole
-        prefill's."""
-        spent, ubatch = 0, getattr(self.target, "n_ubatch", 1)
+        are whole multiples of the target's `prefill_quantum` (at least one), so they compute what a
+        whole prefill does, and end at a multiple of its n_ubatch where they can (whole compute steps)."""
+        spent, quantum = 0, getattr(self.target, "prefill_quantum", 1)
+        ubatch = getattr(self.target, "n_ubatch", 1)
         while self.joining and (budget is None or spent < budget):
             j, seq = self.joining[0], len(self.rows)
             t0 = time.perf_counter()
@@ -145,8 +146,9 @@ class BatchDecoder:
                         row.stats.cached_tokens += reused
                         row.stats.prefill_tokens += len(j.rest)
                 take = len(j.rest) if budget is None else min(len(j.rest), budget - spent)
-                if take < len(j.rest) and take >= ubatch:
-                    take -= take % ubatch
+                if take < len(j.rest):
+                    take = min(len(j.rest), max(quantum, take - take % quantum))
+                    take -= take % ubatch if take >= ubatch else 0
                 self.target.extend_row(seq, j.rest[:take])
                 j.rest, spent = j.rest[take:], spent + take
                 if not j.rest:
@@ -279,7 +281,7 @@ class BatchDecoder:
             row.law.commit(emitted, min(n, len(emitted)))
         stats = row.stats
         stats.record(k, n, len(emitted), row.drafter.name if row.drafter is not None else None, d.forced,
-                     min(d.forced, n))
+                     min(d.forced, n), row.rule.joint(d))
         stats.draft_s += d.seconds
         stats.verify_s += seconds
         row.context += emitted
@@ -464,6 +466,6 @@ def _sum_rows_into(batch_stats: Stats, row_stats: list[Stats]) -> None:
     lenience is the smallest any row used."""
     rows = total(row_stats)
     for name in ("draft_calls", "proposed", "accepted", "rejections", "emitted", "accepted_per_position",
-                 "cached_tokens", "prefill_tokens", "drafts_by", "forced", "forced_accepted"):
+                 "cached_tokens", "prefill_tokens", "drafts_by", "forced", "forced_accepted", "block_verified"):
         setattr(batch_stats, name, getattr(rows, name))
     batch_stats.lenience = min(batch_stats.lenience, rows.lenience)  # lenient rows batch too: say it

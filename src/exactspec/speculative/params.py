@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import ExactSpecError
+from ..errors import ExactSpecError, FieldError
 
 # Prompt tokens the scheduler prefills per iteration while other rows decode (chunked prefill, batching.py):
 # a long prompt joining delays the running streams by about one chunk's prefill, not its whole prompt's.
@@ -50,8 +50,9 @@ class SamplingParams:
             raise ValueError(f"lenience must be in (0, 1] (1 = exact; smaller is lossy), got {self.lenience}")
         if self.verification not in VERIFICATIONS:
             raise ValueError(f"verification must be one of {', '.join(VERIFICATIONS)}, got {self.verification!r}")
-        if self.verification == "block" and self.lenience != 1:
-            raise ValueError("block verification is exact only: lenience < 1 applies to verification='token'")
+        if self.verification == "block" and self.lenience != 1:  # a FieldError: the server's 400 names the field
+            raise FieldError("block verification is exact only: lenience < 1 applies to verification='token'",
+                             "verification")
 
     @property
     def greedy(self) -> bool:
@@ -69,6 +70,9 @@ def check_gamma(gamma: int | str) -> int | str:
 
 
 DRAFT_NAMES = ("prompt-lookup", "suffix", "bigram", "unigram", "auto", "none")
+# Drafters whose drafts are point masses (copies, or no drafter: grammar-forced tokens alone): verified by
+# the coupled token rule whatever `verification` (a seeded text is plain decoding's, verify.verify_coupled)
+POINT_MASS_DRAFTS = ("prompt-lookup", "suffix", "none")
 
 
 def check_draft(draft: str) -> str:
