@@ -66,6 +66,13 @@ def prefix_cached(engine, budget_mb: float = 64) -> Iterator[None]:
         engine.set_prefix_cache(None)
 
 
+def whole_tiles(engine, n: int) -> int:
+    """The reuse a prompt is sure of when n positions it shares with a cached one are reusable: n, or
+    where llama.cpp's TILED PREFILL tiles the new prompt beyond them, n down to a whole tile."""
+    tile = getattr(engine.target, "prefill_tile", 0)
+    return n // tile * tile if tile else n
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> HFCausalLM:
     return HFCausalLM(tiny_llama(0), eos_token_ids=set())

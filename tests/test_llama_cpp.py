@@ -44,8 +44,13 @@ def engine(embedded_llamacpp):
 
 
 def reference(engine, ids, n=N_NEW):
-    """llama.cpp's own greedy generation (Llama.generate on the same context)."""
-    return llamacpp_generate(engine.target.llama, ids, GREEDY, n, 0, engine.target.eos_token_ids)
+    """llama.cpp's own greedy generation (Llama.generate on the same context) -- or, where our TILED
+    PREFILL computes part of the prompt otherwise than Llama.generate does (a prompt of a tile or more),
+    our own plain decoding."""
+    generated = llamacpp_generate(engine.target.llama, ids, GREEDY, n, 0, engine.target.eos_token_ids)
+    if engine.target.prefill_tile and len(ids) > engine.target.prefill_tile:
+        return ours(engine, ids, 0, "none", n=len(generated))
+    return generated
 
 
 def ours(engine, ids, gamma, draft, n=N_NEW, stats=None):
@@ -100,7 +105,7 @@ def test_llama_cpp_prompt_lookup_anchor_is_greedy_identical(engine):
     """The llamacpp-prompt-lookup bench row decodes the same tokens (so its speed is comparable)."""
     ids = engine.encode(load_workload("grounded")[0])
     llama = prompt_lookup_llama(engine.target)
-    ref = reference(engine, ids, 64)
+    ref = llamacpp_generate(engine.target.llama, ids, GREEDY, 64, 0, engine.target.eos_token_ids)
     assert llamacpp_generate(llama, ids, GREEDY, 64, 0, engine.target.eos_token_ids) == ref
     methods = llamacpp_methods(engine, prompt_lookup=False)
     out, seconds, stats = methods[0].run(ids, GREEDY, 8, 0)
@@ -158,8 +163,9 @@ def test_rollback_equals_fresh_evaluation(engine):
 
 
 def test_batch_split_does_not_change_logits(engine):
-    """What greedy identity with llama.cpp's own generation rests on (the self-tested cache and n_ubatch):
-    one-token steps, γ+1-token verification calls and a one-call prefill give bitwise-equal logits."""
+    """What greedy identity rests on (the self-tested cache and n_ubatch): one-token steps, γ+1-token
+    verification calls and a one-call forward give bitwise-equal logits, and so does a prefill followed
+    by a block -- unless TILED PREFILL computed the prefill's whole tiles with the tiled kernel."""
     lm = engine.target
     ids = engine.encode(load_workload("grounded")[0])
     assert len(ids) > 64
@@ -178,7 +184,8 @@ def test_batch_split_does_not_change_logits(engine):
     lm.reset()
     lm.prefill(torch.tensor([ids[:-20]]))  # the logit-free prefill leaves the same cache
     assert lm.length == len(ids) - 20
-    assert torch.equal(lm.forward(torch.tensor([ids[-20:]])), singles[:, -20:])
+    if not lm.prefill_tile:
+        assert torch.equal(lm.forward(torch.tensor([ids[-20:]])), singles[:, -20:])
     lm.reset()
 
 
@@ -398,12 +405,15 @@ def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     from exactspec.models.llama_cpp_numerics import CANDIDATES, pick
 
     f16, bf16, q8, one = CANDIDATES
-    assert pick([(f16, 0.8, 10.0), (bf16, 0.0, 12.0), (q8, 0.0, 11.0), (one, 0.0, 14.0)]).setting == q8
-    assert pick([(f16, 0.0, 10.2), (bf16, 0.0, 10.0)]).setting == f16  # within 3%: llama.cpp's default
-    assert pick([(f16, 0.0, 11.0), (bf16, 0.0, 10.0)]).setting == bf16
-    none = pick([(f16, 0.5, 10.0), (bf16, 0.25, 9.0)])
+    fast = 1e9  # prefill tokens/s too fast to matter: the steps decide
+    assert pick([(f16, 0.8, 10.0, fast), (bf16, 0.0, 12.0, fast), (q8, 0.0, 11.0, fast), (one, 0.0, 14.0, fast)]).setting == q8
+    assert pick([(f16, 0.0, 10.2, fast), (bf16, 0.0, 10.0, fast)]).setting == f16  # within 3%: llama.cpp's default
+    assert pick([(f16, 0.0, 11.0, fast), (bf16, 0.0, 10.0, fast)]).setting == bf16
+    # slower steps, but a prefill fast enough to win the ranked request (PROMPT tokens, STEPS steps)
+    assert pick([(f16, 0.0, 11.0, 250.0), (q8, 0.0, 10.0, 150.0)]).setting == f16
+    none = pick([(f16, 0.5, 10.0, fast), (bf16, 0.25, 9.0, fast)])
     assert (none.setting, none.exact, none.max_diff) == (f16, False, 0.5)
-    assert "tolerance" in none.describe(2) and "bit-exact" in pick([(one, 0.0, 9.0)]).describe(2)
+    assert "tolerance" in none.describe(2) and "bit-exact" in pick([(one, 0.0, 9.0, fast)]).describe(2)
 
 
 def test_greedy_identity_past_256_tokens(engine):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from .conftest import prefix_cached
+from .conftest import prefix_cached, whole_tiles
 from .test_server import CHAT, MODEL, _running, metric
 
 SYSTEM = ("You are a careful agent. Tools: search(query) returns documents; read(url) returns a page; "
@@ -32,7 +32,7 @@ def cached_server(llamacpp_rows):
     first = llamacpp_rows.generate(conversation(["Find the colours of the rainbow."]), max_new_tokens=10, temperature=0)
     turns = ["Find the colours of the rainbow.", first.text, TOOL_OUTPUT]
     refs = SimpleNamespace(
-        first=first, turns=turns,
+        engine=llamacpp_rows, first=first, turns=turns,
         second=llamacpp_rows.generate(conversation(turns), max_new_tokens=10, temperature=0),
         sampled=llamacpp_rows.generate(conversation(turns), max_new_tokens=10, temperature=1.0, seed=3),
         users=[llamacpp_rows.generate(conversation([f"Question {i}: what is {i} + {i}?"]), max_new_tokens=8,
@@ -53,7 +53,7 @@ def test_agent_turns_reuse_the_history_and_equal_uncached(cached_server):
     assert second.choices[0].message.content == refs.second.text
     cached = second.usage.prompt_tokens_details.cached_tokens
     # the history (system, first question, the answer as the template renders it) came from the cache
-    assert len(refs.first.prompt_token_ids) - 1 <= cached < second.usage.prompt_tokens
+    assert whole_tiles(refs.engine, len(refs.first.prompt_token_ids) - 1) <= cached < second.usage.prompt_tokens
     sampled = client.chat.completions.create(model=MODEL, messages=conversation(refs.turns), max_tokens=10,
                                              temperature=1.0, seed=3)
     assert sampled.choices[0].message.content == refs.sampled.text
@@ -83,4 +83,4 @@ def test_concurrent_requests_sharing_a_system_prompt(cached_server):
     system_tokens = len(refs.first.prompt_token_ids) - 20  # the system prompt (and template header), at least
     for i, r in enumerate(results):
         assert r["choices"][0]["message"]["content"] == refs.users[i].text
-        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= system_tokens  # earlier turns cached it
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= whole_tiles(refs.engine, system_tokens)  # earlier turns cached it

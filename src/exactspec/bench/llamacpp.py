@@ -17,7 +17,10 @@ warps temperature first, as HF does), so only with top_p = 1 and min_p = 0 (the 
 sample the same law.
 
 The first two anchors use the target's context settings (threads, n_ctx, the self-tested cache type and
-n_ubatch, flash attention): with them, they and every exactspec row decode the same greedy tokens (tested). With llama-cpp-python's
+n_ubatch, flash attention): with them, they and every exactspec row decode the same greedy tokens (tested),
+except where our TILED PREFILL (models/llama_cpp.py) computes a prompt's last len % 64 tokens with the
+per-row kernel and `Llama.generate` with the tiled one (prompts of 64+ tokens on an f16 cache: its text
+may then differ from ours, which equals our own plain decoding). With llama-cpp-python's
 defaults (no flash attention) even its own prompt lookup drifts from its own plain decoding on 8 of the
 10 bench prompts (see models/llama_cpp.py, BATCH INVARIANCE).
 """

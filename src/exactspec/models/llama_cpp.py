@@ -23,9 +23,20 @@ to move logits by 1-3 and flip greedy choices:
 So the cache type, the one-token threads and n_ubatch are chosen at load by a self-test
 (llama_cpp_numerics.py: blocks vs one-token steps, the fastest bit-equal setting kept). n_ubatch defaults
 to 32 here, the invariant choice for an f16 cache; the self-test raises it to 512 with a bf16/q8_0 cache.
-The same settings make our greedy output equal llama.cpp's OWN `Llama.generate` (which prefills the
-whole prompt in one batch, while we prefill prompt[:-1] and then feed the last token with the drafts);
-the bench anchors use them. Measured with llama-cpp-python 0.3.36; tests check it.
+
+TILED PREFILL (`prefill_tile`, 64 when the self-test keeps llama.cpp's own f16 cache and kernels): a
+prompt's prefill runs llama.cpp's fast tiled attention kernel, and every pass that decodes stays on the
+per-row kernel, so decoding is bit-equal however it is split and a cached prefix plus the rest equals a
+fresh prefill. The rules (each tested by the self-test and tests/test_llama_cpp_tiled.py):
+- a prefill from a multiple of the tile computes its whole tiles in passes of whole tiles (tiled kernel:
+  each query row's sums do not depend on the rows beside it); what is left (the prompt's last
+  len % 64 tokens) and every pass with logits go in passes of at most tile - 1 tokens (per-row kernel);
+- a pass of one token in one sequence would take the split-KV kernel: it gets a second, throw-away
+  token (a PAD) in an empty sequence (the one-row context keeps a spare sequence in a unified cache;
+  batched rows use the next free row) or, where none is free, after its own token; the pad is removed;
+- the prefix cache reuses a cached prefix only where both prompts computed it the same way (`reusable`).
+Greedy text then equals our own plain decoding, not llama.cpp's `Llama.generate` (which prefills the
+prompt's last tile-remainder with the tiled kernel).
 
 BATCHED ROWS (rows > 1): the context holds `rows` sequences, row b in sequence b, each in its own KV
 stream (kv_unified off; llama.cpp then splits n_ctx evenly, so n_ctx is rows x the per-row context).
@@ -88,7 +99,7 @@ _PROBED: dict[str, bool] = {}
 
 
 @contextlib.contextmanager
-def _default_params(use_extra_bufts: bool, n_seq_max: int):
+def _default_params(use_extra_bufts: bool, n_seq_max: int, unified: bool = False):
     """`llama_cpp.Llama` takes no argument for llama_model_params.use_extra_bufts, nor for the context's
     n_seq_max and kv_unified: patch the defaults it starts from while it is being constructed."""
     import llama_cpp.llama_cpp as lib
@@ -104,7 +115,7 @@ def _default_params(use_extra_bufts: bool, n_seq_max: int):
         def context():
             params = context_defaults()
             params.n_seq_max = n_seq_max
-            params.kv_unified = False  # one KV stream per sequence: see BATCHED ROWS
+            params.kv_unified = unified  # False: one KV stream per sequence (see BATCHED ROWS)
             return params
 
         lib.llama_model_default_params, lib.llama_context_default_params = model, context
@@ -114,11 +125,11 @@ def _default_params(use_extra_bufts: bool, n_seq_max: int):
             lib.llama_model_default_params, lib.llama_context_default_params = model_defaults, context_defaults
 
 
-def make_llama(path: str, repack: bool, rows: int = 1, **kwargs):
+def make_llama(path: str, repack: bool, rows: int = 1, unified: bool = False, **kwargs):
     """`llama_cpp.Llama(path, verbose=False, **kwargs)` with weight repacking on or off and room for
-    `rows` sequences (kwargs' n_ctx is then the sum of theirs)."""
+    `rows` sequences (kwargs' n_ctx is then the sum of theirs, unless they share one `unified` cache)."""
     llama_cpp = _import()
-    with _default_params(repack, rows):
+    with _default_params(repack, rows, unified):
         return llama_cpp.Llama(model_path=path, verbose=False, **kwargs)
 
 
@@ -176,7 +187,7 @@ class LlamaCppLM:
 
     def __init__(self, path: str, n_ctx: int | None = None, threads: int | None = None,
                  eos_token_ids: set[int] | None = None, n_batch: int = 512, n_ubatch: int = DEFAULT_N_UBATCH,
-                 repack: bool | None = None, rows: int = 1, **llama_kwargs):
+                 repack: bool | None = None, rows: int = 1, prefill_tile: int = 0, **llama_kwargs):
         llama_cpp = _import()
         check_gguf_file(path)
         if rows < 1:
@@ -195,11 +206,17 @@ class LlamaCppLM:
         self.n_batch = max(1, min(n_batch, want))
         self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
         self.repack = resolve_repack(path, repack)
+        # TILED PREFILL: whole tiles must fit one compute step
+        self.prefill_tile = prefill_tile if 1 < prefill_tile <= min(self.n_batch, self.n_ubatch) else 0
+        self._spare = 1 if self.prefill_tile and rows == 1 else None  # the one-row context's pad sequence
         # extra `Llama` arguments (type_k, ...), reused by the bench anchors; see BATCH INVARIANCE above
         self.llama_kwargs = {"flash_attn": True, **llama_kwargs}
         try:
             kwargs = self.context_kwargs(want)
-            self.llama = make_llama(path, self.repack, rows, **{**kwargs, "n_ctx": want * rows})
+            if self._spare is None:
+                self.llama = make_llama(path, self.repack, rows, **{**kwargs, "n_ctx": want * rows})
+            else:  # row 0 and the pad sequence share one cache (a pad takes one cell, for one pass)
+                self.llama = make_llama(path, self.repack, 2, unified=True, **{**kwargs, "n_ctx": want})
         except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError for unreadable models
             raise ExactSpecError(f"llama.cpp cannot load {path}: {str(e)[:200]}") from None
         self.ctx = self.llama.ctx
@@ -210,7 +227,8 @@ class LlamaCppLM:
             eos_token_ids = {t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0}
         self.eos_token_ids = set(eos_token_ids)
         # llama.cpp pads each sequence's context up to a multiple of 256; never go past what was asked for
-        self.max_length = min(want, int(llama_cpp.llama_n_ctx_seq(self.ctx)))
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self.ctx))
+        self.max_length = min(want, self.n_ctx_seq)
         self.kv_bytes = int(llama_cpp.llama_n_ctx(self.ctx)) * kv_bytes_per_token(path)  # f16 bound, all rows
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
@@ -230,9 +248,28 @@ class LlamaCppLM:
     @property
     def chunked_prefill(self) -> bool:
         """open_row / extend_row / copy_row: a joining prompt prefilled in chunks between decode steps
-        (BatchDecoder's prefill budget) -- while rows are batched; chunks are cut at multiples of n_ubatch
-        where they can be, and the self-test's verdict (blocks equal one-token steps) covers the rest."""
+        (BatchDecoder's prefill budget) -- while rows are batched; chunks are cut at multiples of
+        `prefill_quantum`, and the self-test's verdict (blocks equal one-token steps) covers the rest."""
         return self.batched
+
+    @property
+    def prefill_quantum(self) -> int:
+        """Prefill chunks are whole multiples of this many tokens: the tile (TILED PREFILL: so a chunked
+        prefill computes what a whole one does), else 1 (any split is the same computation)."""
+        return self.prefill_tile or 1
+
+    def reusable(self, common: int, prefilled: int, total: int) -> int:
+        """How many of `common` cached positions a prompt may reuse, where the cached row prefilled its
+        first `prefilled` positions and the prompt will prefill `total`: all of them, unless TILED PREFILL
+        computed some of them another way than a fresh prefill of this prompt would (the tiles each
+        prompt covers whole differ), then those up to a whole tile both computed alike."""
+        tile = self.prefill_tile
+        if not tile:
+            return common
+        cached, fresh = prefilled // tile * tile, total // tile * tile  # where each one's tiled part ends
+        if cached == fresh and common >= fresh:
+            return common
+        return min(common // tile * tile, cached, fresh)
 
     def set_single_threads(self, n: int) -> None:
         """Threads of one-token steps (blocks keep `threads`): see llama_cpp_numerics.py."""
@@ -426,7 +463,12 @@ class LlamaCppLM:
         if len(ids) != self.batch_size:
             raise ValueError(f"got {len(ids)} rows for a cache of {self.batch_size}")
         if not logits:
-            self._decode_columns(ids, None)
+            if self.prefill_tile:  # each prompt by the tiled-prefill rules, as it would be alone
+                self._check_room(ids)
+                for seq, row in enumerate(ids):
+                    self._decode(seq, row, None)
+            else:
+                self._decode_columns(ids, None)
             return None
         width = max(len(row) for row in ids)
         if self.batch_size == 1:
@@ -444,38 +486,61 @@ class LlamaCppLM:
         self._decode_columns(ids, found)
         return found
 
-    def _decode_columns(self, ids: list[list[int]], out: np.ndarray | list[list[int]] | None) -> None:
-        """Every row's tokens in llama_decode calls of up to n_batch tokens (columns c..c+n_batch//B of
-        each row), logits into out [B, width, V], or their argmax appended to out[b] (None: none computed)."""
-        columns = max(1, self.n_batch // len(ids))
-        for c in range(0, max(len(row) for row in ids), columns):
-            self._decode_rows([row[c:c + columns] for row in ids], out, c)
-
-    def _decode_rows(self, ids: list[list[int]], out: np.ndarray | list[list[int]] | None, column: int) -> None:
-        """One llama_decode of each row's tokens ids[b] (row b: sequence b, positions from its length;
-        rows may differ in length, or have none), row-major; their logits go to out[b, column:...] (or
-        their argmax onto the list out[b])."""
+    def _check_room(self, ids: list[list[int]]) -> None:
         end = max(length + len(row) for length, row in zip(self._lengths, ids))
         if end > self.max_length:
             raise ExactSpecError(f"context length {end} exceeds the model's {self.max_length} tokens")
-        batch, i = self.batch, 0
-        for seq, row in enumerate(ids):
-            for j, token in enumerate(row):
+
+    def _decode_columns(self, ids: list[list[int]], out: np.ndarray | list[list[int]] | None) -> None:
+        """Every row's tokens in passes, one llama_decode each (`_passes`); logits into out [B, width, V],
+        or their argmax appended to out[b] (None: none computed)."""
+        self._check_room(ids)
+        cap = self.prefill_tile - 1 if self.prefill_tile else self.n_batch
+        done = [0] * len(ids)  # tokens of each row decoded so far
+        for first, count, n in _passes([len(row) for row in ids], cap, self.n_batch):
+            parts = [(b, ids[b][done[b]:done[b] + n]) for b in range(first, first + count)]
+            logits = self._pass(parts, None if out is None else (lambda x: x))  # [count * n, V]
+            for i, (b, part) in enumerate(parts):
+                if isinstance(out, list):
+                    out[b] += logits[i * n:(i + 1) * n].argmax(-1).tolist()
+                elif out is not None:
+                    out[b, done[b]:done[b] + n] = logits[i * n:(i + 1) * n]
+                done[b] += n
+
+    def _pass(self, parts: list[tuple[int, list[int]]], read):
+        """One llama_decode of each (sequence, tokens) part at that sequence's length -> `read(logits
+        [n, V])` (in place, before the next pass overwrites them), or None if `read` is None. A lone
+        token gets a PAD (TILED PREFILL), removed again."""
+        batch, flag, i = self.batch, int(read is not None), 0
+        for seq, ids in parts:
+            for j, token in enumerate(ids):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, self._lengths[seq] + j, 1
-                batch.seq_id[i][0], batch.logits[i] = seq, int(out is not None)
+                batch.seq_id[i][0], batch.logits[i] = seq, flag
                 i += 1
-        self._run(i, [(seq, self._lengths[seq]) for seq, row in enumerate(ids) if row])
-        self._lengths = [length + len(row) for length, row in zip(self._lengths, ids)]
-        if out is not None:
-            logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx), shape=(i, self.vocab_size))
-            picks = logits.argmax(-1).tolist() if isinstance(out, list) else None  # [i]
-            i = 0
-            for b, row in enumerate(ids):
-                if picks is not None:
-                    out[b] += picks[i:i + len(row)]
-                else:
-                    out[b, column:column + len(row)] = logits[i:i + len(row)]
-                i += len(row)
+        n, starts = i, [(seq, self._lengths[seq]) for seq, _ in parts]
+        pad = self._pad(*starts[0]) if self.prefill_tile and n == 1 else None
+        if pad is not None:
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = 0, pad[1], 1
+            batch.seq_id[i][0], batch.logits[i] = pad[0], 0
+            starts.append(pad)
+        self._run(n + (pad is not None), starts)
+        if pad is not None:
+            self._lib.llama_memory_seq_rm(self.memory, pad[0], pad[1], -1)
+        for seq, ids in parts:
+            self._lengths[seq] += len(ids)
+        if read is not None:
+            return read(np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx), shape=(n, self.vocab_size)))
+        return None
+
+    def _pad(self, seq: int, length: int) -> tuple[int, int] | None:
+        """(sequence, position) of the pad beside one token of `seq` at `length`: an empty sequence next
+        to it (so llama.cpp keeps the two in one compute step), else right after the token; None where
+        the context has no room for it."""
+        if self._spare is not None:
+            return self._spare, 0
+        if len(self._lengths) <= seq + 1 < self.max_rows:
+            return seq + 1, 0
+        return (seq, length + 1) if length + 1 < self.n_ctx_seq else None
 
     def _run(self, n: int, starts: list[tuple[int, int]]) -> None:
         """llama_decode of the first n tokens of the batch; on failure every sequence is cut back to its
@@ -488,27 +553,27 @@ class LlamaCppLM:
             raise ExactSpecError(f"llama_decode failed (code {rc}) at position {min(s for _, s in starts)}")
 
     def _decode(self, seq: int, ids: list[int], read) -> list:
-        """Append `ids` to row `seq` in llama_decode calls of up to n_batch tokens. `read(logits [n, V])`
-        gets each call's logits in place, before the next call overwrites them; -> its results (none if
-        `read` is None)."""
-        k, V = len(ids), self.vocab_size
-        if self._lengths[seq] + k > self.max_length:
-            raise ExactSpecError(f"context length {self._lengths[seq] + k} exceeds the model's {self.max_length} tokens")
-        batch, lib, flag, out = self.batch, self._lib, int(read is not None), []
-        for start in range(0, k, self.n_batch):
-            chunk = ids[start:start + self.n_batch]
-            n, length = len(chunk), self._lengths[seq]
-            for i, token in enumerate(chunk):
-                batch.token[i] = token
-                batch.pos[i] = length + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq
-                batch.logits[i] = flag
-            self._run(n, [(seq, length)])
+        """Append `ids` to row `seq` in passes of `_pieces`. `read(logits [n, V])` gets each pass's
+        logits in place, before the next one overwrites them; -> its results (none if `read` is None)."""
+        if self._lengths[seq] + len(ids) > self.max_length:
+            raise ExactSpecError(f"context length {self._lengths[seq] + len(ids)} exceeds the model's {self.max_length} tokens")
+        out, start = [], 0
+        for size in self._pieces(self._lengths[seq], len(ids), read is None):
+            result = self._pass([(seq, ids[start:start + size])], read)
             if read is not None:
-                out.append(read(np.ctypeslib.as_array(lib.llama_get_logits(self.ctx), shape=(n, V))))
-            self._lengths[seq] += n
+                out.append(result)
+            start += size
         return out
+
+    def _pieces(self, length: int, k: int, prefill: bool) -> list[int]:
+        """Pass sizes for k tokens appended at `length`: n_batch at a time; with TILED PREFILL, a prefill
+        from a tile boundary first takes its whole tiles (whole tiles per pass), then everything goes in
+        passes of at most tile - 1 tokens (the per-row kernel)."""
+        tile = self.prefill_tile
+        if not tile:
+            return _split(k, self.n_batch)
+        tiled = (length + k) // tile * tile - length if prefill and length % tile == 0 else 0
+        return _split(tiled, min(self.n_batch, self.n_ubatch) // tile * tile) + _split(k - tiled, tile - 1)
 
     def close(self) -> None:
         if getattr(self, "batch", None) is not None:
@@ -524,6 +589,28 @@ class LlamaCppLM:
             pass
 
 
+def _split(k: int, size: int) -> list[int]:
+    """k tokens in pieces of `size`, the last one shorter."""
+    return [min(size, k - start) for start in range(0, k, size)]
+
+
+def _passes(widths: list[int], cap: int, n_batch: int) -> list[tuple[int, int, int]]:
+    """The passes that decode rows of `widths` new tokens -> [(first row, rows, tokens each)]: each the
+    run of consecutive rows that still have tokens from the first such row, as many tokens each as all of
+    them have (at most `cap`, and n_batch in all). Such a pass is one compute step of llama.cpp's own
+    split (its sequential equal split of per-sequence streams), so we know each step's shape."""
+    left, passes = list(widths), []
+    while any(left):
+        first = next(b for b, w in enumerate(left) if w)
+        count = next((i for i, w in enumerate(left[first:]) if not w), len(left) - first)
+        count = min(count, n_batch)
+        n = min(min(left[first:first + count]), cap, max(1, n_batch // count))
+        passes.append((first, count, n))
+        for b in range(first, first + count):
+            left[b] -= n
+    return passes
+
+
 class _Row:
     """Row `seq` of a LlamaCppLM seen as a one-row adapter, for a joining row's cached prefix
     (PrefixCache.restore): its reset empties that row alone."""
@@ -537,6 +624,9 @@ class _Row:
 
     def restore_prefix(self, state: tuple[object, int], length: int) -> None:
         self.lm._restore(self.seq, state, length)
+
+    def reusable(self, common: int, prefilled: int, total: int) -> int:
+        return self.lm.reusable(common, prefilled, total)
 
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

@@ -11,12 +11,16 @@ Why (ggml's CPU flash attention, ggml-cpu/ops.cpp, as vendored by llama-cpp-pyth
 - both paths need K and V of type f16 (an f32 cache is cast to f16 for attention). With K in bf16 or
   q8_0 every pass runs the per-row kernel: steps on every thread and blocks of any size agree (measured
   here to 1200 tokens, blocks of 8 and 70, n_ubatch 512).
-The candidates, in order: llama.cpp's default f16 cache on all threads (n_ubatch 32); a bf16 cache and a
-q8_0-K cache, all threads, n_ubatch 512; the f16 cache with one-token steps on ONE thread (n_ubatch 32).
-Each is tested: after a CONTEXT-token prefill, blocks of BLOCK and LONG tokens against the same tokens
-one at a time. Of those bit-equal, the one with the fastest one-token step is kept (an earlier one
-within 3% wins: f16 is what llama-server runs). None bit-equal: the first, and greedy identity rests on
-tolerance. The verdict is cached per CPU, model file, library version and settings (a few seconds, once).
+The candidates, in order: llama.cpp's own f16 cache and kernels on all threads with TILED PREFILL
+(llama_cpp.py: prompts prefilled in whole 64-token tiles by the tiled kernel, decode passes kept under 64
+rows and off the split path by a pad; n_ubatch 512); a bf16 cache and a q8_0-K cache, all threads,
+n_ubatch 512; the f16 cache with one-token steps on ONE thread (n_ubatch 32). Each is tested: after a
+CONTEXT-token prefill, blocks of BLOCK and LONG tokens against the same tokens one at a time, and the KV of
+a prefill from a whole tile on equal to one prefill of the whole (what the prefix cache relies on). Of
+those bit-equal, the one that serves a typical agent step fastest (a PROMPT-token prefill and STEPS
+one-token steps, from the measured prefill and step times) is kept (an earlier one within 3% wins: f16
+is what llama-server runs). None bit-equal: the first, and greedy identity rests on tolerance. The verdict
+is cached per CPU, model file, library version and settings (a few seconds, once).
 The cache type changes the model's numerics (not the exactness of speculation, which compares the
 target with itself): `Verdict.describe` names it, and `generate --json` / `/v1/models` report it.
 """
@@ -33,31 +37,37 @@ import torch
 from .. import progress
 from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 
-VERSION = 2  # bump when the test changes: old cache entries are then ignored
+VERSION = 3  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
 GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
 FAVOUR = 1.03  # an earlier candidate within 3% of the fastest is kept
+PROMPT, STEPS = 1024, 128  # the request a setting is ranked by: an agent step's prompt and answer
+TILE = 64  # llama.cpp's flash-attention query tile (GGML_FA_TILE_Q): 64+ query rows take the tiled kernel
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One way to run the context: K and V cache types, one-token-step threads (0 = all), n_ubatch."""
+    """One way to run the context: K and V cache types, one-token-step threads (0 = all), n_ubatch, and
+    the prefill tile (0: none; see TILED PREFILL in llama_cpp.py)."""
 
     type_k: str
     type_v: str
     single_threads: int
     n_ubatch: int
+    prefill_tile: int = 0
 
     def llama_kwargs(self) -> dict:
-        return {"type_k": GGML_TYPES[self.type_k], "type_v": GGML_TYPES[self.type_v], "n_ubatch": self.n_ubatch}
+        return {"type_k": GGML_TYPES[self.type_k], "type_v": GGML_TYPES[self.type_v], "n_ubatch": self.n_ubatch,
+                "prefill_tile": self.prefill_tile}
 
     def describe(self, threads: int) -> str:
         steps = threads if self.single_threads == 0 else self.single_threads
-        return f"{self.type_k}/{self.type_v} KV cache, one-token steps on {steps} thread(s), n_ubatch {self.n_ubatch}"
+        tiled = f", prompts prefilled in whole {self.prefill_tile}-token tiles" if self.prefill_tile else ""
+        return f"{self.type_k}/{self.type_v} KV cache, one-token steps on {steps} thread(s), n_ubatch {self.n_ubatch}{tiled}"
 
 
-CANDIDATES = (Setting("f16", "f16", 0, 32), Setting("bf16", "bf16", 0, 512), Setting("q8_0", "f16", 0, 512),
+CANDIDATES = (Setting("f16", "f16", 0, 512, TILE), Setting("bf16", "bf16", 0, 512), Setting("q8_0", "f16", 0, 512),
               Setting("f16", "f16", 1, 32))
 
 
@@ -67,6 +77,7 @@ class Verdict:
     exact: bool  # one-token steps bit-equal to blocks with it
     max_diff: float  # of the first candidate (llama.cpp's default) on this CPU
     step_ms: float  # its measured one-token step
+    prefill_tok_s: float = 0.0  # its measured prefill speed (a CONTEXT-token prompt)
     cached: bool = False
 
     def describe(self, threads: int) -> str:
@@ -76,13 +87,15 @@ class Verdict:
         return f"bit-exact (self-test: blocks equal one-token steps; {how})"
 
 
-def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | None = None) -> tuple[float, list[float]]:
+def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | None = None) -> tuple[float, list[float], float]:
     """Max |logits| difference between scoring ids[context:context + k] as one block, for each k in `blocks`
     (default: the whole stretch), and the same tokens one at a time, all after ONE prefill of ids[:context]
-    (0.0: bit-equal); and the seconds of each one-token step. The adapter is reset."""
+    (0.0: bit-equal); the seconds of each one-token step; and of that prefill. The adapter is reset."""
     blocks = blocks or (len(ids) - context,)
     lm.reset()
+    start = time.perf_counter()
     lm.prefill(torch.tensor([ids[:context]]))
+    prefill_s = time.perf_counter() - start
     scored = []  # [k, V] per block
     for k in blocks:
         scored.append(lm.forward(torch.tensor([ids[context:context + k]]))[0])
@@ -94,15 +107,38 @@ def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | N
         seconds.append(time.perf_counter() - start)
     lm.reset()
     steps = torch.cat(steps)  # [max k, V]
-    return max(float((block - steps[:len(block)]).abs().max()) for block in scored), seconds
+    return max(float((block - steps[:len(block)]).abs().max()) for block in scored), seconds, prefill_s
 
 
-def trial(lm) -> tuple[float, float]:
-    """(max difference over a BLOCK- and a LONG-token block, median one-token step in ms) for `lm`."""
+def prefix_vs_whole(lm, ids: list[int]) -> bool:
+    """Whether the KV of ids prefilled at once equals, byte for byte, that of a prefill of ids[:TILE]
+    followed by one of the rest (a prefix cache hit at a tile boundary, then the prompt's new part).
+    The adapter is reset."""
+    lm.reset()
+    lm.prefill(torch.tensor([ids]))
+    whole = bytes(lm.snapshot_prefix(len(ids))[0][0])
+    lm.reset()
+    lm.prefill(torch.tensor([ids[:TILE]]))
+    lm.prefill(torch.tensor([ids[TILE:]]))
+    parts = bytes(lm.snapshot_prefix(len(ids))[0][0])
+    lm.reset()
+    return whole == parts
+
+
+def trial(lm) -> tuple[float, float, float]:
+    """(max difference over a BLOCK- and a LONG-token block -- inf if a prefix plus the rest is not a
+    whole prefill --, median one-token step in ms, prefill tokens/s) for `lm`."""
     context = max(1, min(CONTEXT, lm.max_length - LONG - 1))
     ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(0)).tolist()
-    diff, seconds = block_vs_steps(lm, ids, context, (BLOCK, LONG))
-    return diff, statistics.median(seconds) * 1e3
+    diff, seconds, prefill_s = block_vs_steps(lm, ids, context, (BLOCK, LONG))
+    if len(ids) > TILE and not prefix_vs_whole(lm, ids):
+        diff = float("inf")
+    return diff, statistics.median(seconds) * 1e3, context / prefill_s
+
+
+def request_ms(step_ms: float, prefill_tok_s: float) -> float:
+    """The milliseconds of the request settings are ranked by: PROMPT tokens prefilled, STEPS steps."""
+    return PROMPT / prefill_tok_s * 1e3 + STEPS * step_ms
 
 
 def choose(make, threads: int, key: str) -> Verdict:
@@ -131,22 +167,22 @@ def _measure_verdict(make, threads: int) -> Verdict:
             if setting.single_threads >= threads:
                 continue  # the same as an all-threads candidate
             lm = make(setting)
-            diff, step_ms = trial(lm)
+            diff, step_ms, prefill_tok_s = trial(lm)
             del lm
-            trials.append((setting, diff, step_ms))
+            trials.append((setting, diff, step_ms, prefill_tok_s))
     return pick(trials)
 
 
-def pick(trials: list[tuple[Setting, float, float]]) -> Verdict:
-    """Of (setting, max diff, step ms) in candidate order: the fastest bit-equal one, an earlier one
-    within FAVOUR of it kept; none bit-equal -> the first, inexact."""
+def pick(trials: list[tuple[Setting, float, float, float]]) -> Verdict:
+    """Of (setting, max diff, step ms, prefill tokens/s) in candidate order: the bit-equal one with the
+    fastest `request_ms`, an earlier one within FAVOUR of it kept; none bit-equal -> the first, inexact."""
     first = trials[0]
     exact = [t for t in trials if t[1] == 0.0]
     if not exact:
-        return Verdict(first[0], False, first[1], first[2])
-    fastest = min(t[2] for t in exact)
-    setting, _, step_ms = next(t for t in exact if t[2] <= fastest * FAVOUR)
-    return Verdict(setting, True, first[1], step_ms)
+        return Verdict(first[0], False, first[1], first[2], first[3])
+    fastest = min(request_ms(t[2], t[3]) for t in exact)
+    setting, _, step_ms, prefill_tok_s = next(t for t in exact if request_ms(t[2], t[3]) <= fastest * FAVOUR)
+    return Verdict(setting, True, first[1], step_ms, prefill_tok_s)
 
 
 def key(identity: str, settings: dict, repack: bool) -> str:
@@ -195,12 +231,15 @@ def rows_vs_alone(lm) -> float:
 
 def steps_write_prefill_kv(lm) -> bool:
     """Whether the KV cells that one-token steps write equal, byte for byte, those a prefill of the same
-    tokens writes (after a CONTEXT-token prefill, LONG more tokens): then the prefix cache may keep a
-    generation's KV, not only its prompt's (`cache_generated_kv`). The adapter is reset."""
+    tokens writes (after a CONTEXT-token prefill, LONG more tokens, prefilled as a prompt's new part
+    would be): then the prefix cache may keep a generation's KV, not only its prompt's
+    (`cache_generated_kv`; `reusable` says where a later prompt computes those positions alike). The
+    adapter is reset."""
     context = max(1, min(CONTEXT, lm.max_length - LONG - 1))
     ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(2)).tolist()
     lm.reset()
-    lm.prefill(torch.tensor([ids]))
+    lm.prefill(torch.tensor([ids[:context]]))
+    lm.prefill(torch.tensor([ids[context:]]))
     prefilled = bytes(lm.snapshot_prefix(len(ids))[0][0])
     lm.reset()
     lm.prefill(torch.tensor([ids[:context]]))

@@ -1,0 +1,88 @@
+"""TILED PREFILL on the llama.cpp backend (models/llama_cpp.py): how a prompt, a decode block and a row's
+leftover tokens are cut into passes, which cached prefixes a prompt may reuse, and -- where the load-time
+self-test kept the arrangement -- that a prefix cache hit at any point, or a prefill in chunks, decodes
+what a cold prefill does, token for token."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from .conftest import need
+
+need("llama_cpp")
+
+from exactspec.models.llama_cpp import LlamaCppLM, _passes  # noqa: E402
+from exactspec.speculative.sampling import SamplingParams  # noqa: E402
+
+from .conftest import prefix_cached  # noqa: E402
+
+TILE = 64
+GREEDY = SamplingParams(temperature=0)
+
+
+def pieces(length: int, k: int, prefill: bool, n_batch: int = 512, n_ubatch: int = 512) -> list[int]:
+    lm = SimpleNamespace(prefill_tile=TILE, n_batch=n_batch, n_ubatch=n_ubatch)
+    return LlamaCppLM._pieces(lm, length, k, prefill)
+
+
+def test_a_prefill_takes_whole_tiles_then_per_row_passes():
+    assert pieces(0, 1000, True) == [512, 448, 40]  # tiles [0, 960): tiled kernel; the last 40: per-row
+    assert pieces(128, 200, True) == [192, 8]  # from a tile boundary
+    assert pieces(100, 200, True) == [63, 63, 63, 11]  # not from a boundary: nothing is tiled
+    assert pieces(0, 40, True) == [40]
+    assert pieces(0, 1000, True, n_batch=200, n_ubatch=200) == [192] * 5 + [40]  # one compute step each
+    assert pieces(0, 130, False) == [63, 63, 4]  # logits: always under a tile (the per-row kernel)
+
+
+def test_passes_are_equal_runs_of_consecutive_rows():
+    """Each pass: consecutive rows from the first with tokens left, as many each as all have; the
+    shapes llama.cpp's own sequential split makes. A lone token in a lone row is a pass of its own
+    (the adapter pads it)."""
+    assert _passes([8, 1, 3, 2], 63, 512) == [(0, 4, 1), (0, 1, 7), (2, 2, 1), (2, 1, 1)]
+    assert _passes([3, 2], 63, 512) == [(0, 2, 2), (0, 1, 1)]
+    assert _passes([0, 5, 5], 2, 512) == [(1, 2, 2), (1, 2, 2), (1, 2, 1)]
+    assert _passes([100, 100], 63, 64) == [(0, 2, 32)] * 3 + [(0, 2, 4)]  # n_batch tokens per pass
+    for widths in ([8, 1, 3, 2], [1, 0, 1], [70, 3, 0, 9]):
+        done = [0] * len(widths)
+        for first, count, n in _passes(widths, 63, 16):
+            assert count * n <= 16 and n <= 63
+            for b in range(first, first + count):
+                done[b] += n
+        assert done == widths
+
+
+@pytest.mark.parametrize("common, prefilled, total, kept", [
+    (300, 300, 400, 256),  # the cached prompt's last 44 tokens were per-row, the new prompt tiles them
+    (300, 300, 310, 300),  # both prompts end in the same tile: all of it
+    (200, 300, 310, 192),  # a match ending inside a tile: from its start (the rest re-tiled)
+    (305, 300, 310, 305),  # generated tokens past a shared last tile: computed per-row by both
+    (350, 300, 355, 256),  # ... but a prompt of 355 tiles [256, 320)
+    (40, 300, 400, 0),
+])
+def test_reusable_prefix(common, prefilled, total, kept):
+    lm = SimpleNamespace(prefill_tile=TILE)
+    assert LlamaCppLM.reusable(lm, common, prefilled, total) == kept
+    assert LlamaCppLM.reusable(SimpleNamespace(prefill_tile=0), common, prefilled, total) == common
+
+
+@pytest.fixture
+def tiled(embedded_llamacpp):
+    if not embedded_llamacpp.target.prefill_tile:
+        pytest.skip(f"the self-test did not keep tiled prefill here: {embedded_llamacpp.target.identity}")
+    return embedded_llamacpp
+
+
+def test_prefix_hits_anywhere_decode_what_a_cold_prefill_does(tiled):
+    """Prompts sharing 0-300 tokens with a cached one, of lengths that cut tiles differently: greedy text
+    with the prefix cache (some reused) equals each prompt decoded cold."""
+    words = " ".join(f"item{i} costs {i * 7 % 13} units;" for i in range(120))
+    base = tiled.encode(words)
+    assert len(base) > 400
+    prompts = [base[:n] for n in (330, 257, 300, 390)] + [base[:200] + base[300:380]]
+    cold = [list(tiled.stream_ids(p, GREEDY, 12, "auto", 0, None, "prompt-lookup")) for p in prompts]
+    with prefix_cached(tiled):
+        warm = [list(tiled.stream_ids(p, GREEDY, 12, "auto", 0, None, "prompt-lookup")) for p in prompts]
+        assert tiled.target.prefix_cache.reused_tokens > 0
+    assert warm == cold
