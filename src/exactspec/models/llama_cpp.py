@@ -31,9 +31,11 @@ fresh prefill. The rules (each tested by the self-test and tests/test_llama_cpp_
 - a prefill from a multiple of the tile computes its whole tiles in passes of whole tiles (tiled kernel:
   each query row's sums do not depend on the rows beside it); what is left (the prompt's last
   len % 64 tokens) and every pass with logits go in passes of at most tile - 1 tokens (per-row kernel);
-- a pass of one token in one sequence would take the split-KV kernel: it gets a second, throw-away
-  token (a PAD) in an empty sequence (the one-row context keeps a spare sequence in a unified cache;
-  batched rows use the next free row) or, where none is free, after its own token; the pad is removed;
+- a pass of one token in one sequence on more than one thread would take the split-KV kernel: it gets
+  a second, throw-away token (a PAD) in an empty sequence (the one-row context keeps a spare sequence in
+  a unified cache; batched rows use the next free row) or, where none is free, after its own token; the
+  pad is removed. With one-token steps on one thread (the split-KV kernel with one split is the per-row
+  kernel) no pad is needed: the self-test tries both and keeps the faster;
 - the prefix cache reuses a cached prefix only where both prompts computed it the same way (`reusable`).
 Greedy text then equals our own plain decoding, not llama.cpp's `Llama.generate` (which prefills the
 prompt's last tile-remainder with the tiled kernel).
@@ -518,7 +520,8 @@ class LlamaCppLM:
                 batch.seq_id[i][0], batch.logits[i] = seq, flag
                 i += 1
         n, starts = i, [(seq, self._lengths[seq]) for seq, _ in parts]
-        pad = self._pad(*starts[0]) if self.prefill_tile and n == 1 else None
+        # a lone token on more than one thread would take the split-KV kernel (on one, it is the per-row one)
+        pad = self._pad(*starts[0]) if self.prefill_tile and n == 1 and self.single_threads > 1 else None
         if pad is not None:
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = 0, pad[1], 1
             batch.seq_id[i][0], batch.logits[i] = pad[0], 0
