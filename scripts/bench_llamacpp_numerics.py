@@ -26,7 +26,7 @@ def measure(lm, ids: list[int]) -> tuple[float, float, float]:
     diffs, steps = [], []
     for context in (300, 1000):
         for k in (BLOCK, LONG):
-            diff, seconds = block_vs_steps(lm, ids[: context + k], context)
+            diff, seconds, _ = block_vs_steps(lm, ids[: context + k], context)
             diffs.append(diff)
             steps += seconds
     lm.reset()

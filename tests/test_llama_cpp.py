@@ -417,6 +417,21 @@ def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     assert "tolerance" in none.describe(2) and "bit-exact" in pick([(one, 0.0, 9.0, fast)]).describe(2)
 
 
+def test_prefill_time_is_extrapolated_from_two_halves():
+    """`prefill_seconds`: a token at depth d costing a + b*d is recovered from two consecutive pieces, so a
+    setting whose attention grows with depth is ranked at the PROMPT it is ranked by, not at MEASURED."""
+    from exactspec.models.llama_cpp_numerics import prefill_seconds
+
+    def cost(start, n, a=2e-3, b=1e-6):  # seconds of tokens start..start+n-1
+        return sum(a + b * d for d in range(start, start + n))
+
+    pieces = [(512, cost(0, 512)), (512, cost(512, 512))]
+    assert prefill_seconds(pieces, 2048) == pytest.approx(cost(0, 2048), rel=1e-9)
+    assert prefill_seconds([(100, 1.0)], 300) == pytest.approx(3.0)  # one piece: flat
+    flat = [(512, cost(0, 512, b=0)), (512, cost(512, 512, b=0))]
+    assert prefill_seconds(flat, 2048) == pytest.approx(cost(0, 2048, b=0), rel=1e-9)
+
+
 def test_greedy_identity_past_256_tokens(engine):
     """A 300-token prompt (past the point where two threads split one-token attention on some CPUs):
     speculative == plain decoding, token for token, when the engine says it is bit-exact."""

@@ -15,13 +15,13 @@ The candidates, in order: llama.cpp's own f16 cache and kernels with TILED PREFI
 prompts prefilled in whole 64-token tiles by the tiled kernel, decode passes kept under 64 rows, n_ubatch
 512), one-token steps kept off the split path by a pad on all threads, or by running on ONE thread; a bf16
 cache and a q8_0-K cache, all threads, n_ubatch 512; the f16 cache with one-token steps on one thread and
-no tiles (n_ubatch 32). Each is tested: after a PROMPT-token prefill (capped by the context), blocks of
+no tiles (n_ubatch 32). Each is tested: after a MEASURED-token prefill (capped by the context), blocks of
 BLOCK and LONG tokens against the same tokens one at a time, and the KV of a prefill from a whole tile on
 equal to one prefill of the whole (what the prefix cache relies on). Of
-those bit-equal, the one that serves a typical agent step fastest (a PROMPT-token prefill and STEPS
-one-token steps, from the measured prefill and step times) is kept (an earlier one within 3% wins: f16
+those bit-equal, the one that serves a cold agent step fastest (a PROMPT-token prefill, extrapolated
+from the two halves of the measured one, and STEPS one-token steps at MEASURED tokens) is kept (an earlier one within 3% wins: f16
 is what llama-server runs). None bit-equal: the first, and greedy identity rests on tolerance. The verdict
-is cached per CPU, model file, library version and settings (a few seconds, once).
+is cached per CPU, model file, library version and settings (about half a minute on 2 cores, once).
 The cache type changes the model's numerics (not the exactness of speculation, which compares the
 target with itself): `Verdict.describe` names it, and `generate --json` / `/v1/models` report it.
 """
@@ -38,12 +38,13 @@ import torch
 from .. import progress
 from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 
-VERSION = 4  # bump when the test changes: old cache entries are then ignored
+VERSION = 5  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
 GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
 FAVOUR = 1.03  # an earlier candidate within 3% of the fastest is kept
-PROMPT, STEPS = 1024, 128  # the request a setting is ranked by: an agent step's prompt and answer
+PROMPT, STEPS = 2048, 128  # the request a setting is ranked by: an agent's cold prompt (tool specs) and answer
+MEASURED = 1024  # prompt tokens the self-test prefills (PROMPT's time is extrapolated from its two halves)
 TILE = 64  # llama.cpp's flash-attention query tile (GGML_FA_TILE_Q): 64+ query rows take the tiled kernel
 SPLIT = 3 * TILE + 10  # tokens of the prefix-plus-rest check: a tile, then two more and a remainder
 
@@ -79,7 +80,7 @@ class Verdict:
     exact: bool  # one-token steps bit-equal to blocks with it
     max_diff: float  # of the first candidate (llama.cpp's default) on this CPU
     step_ms: float  # its measured one-token step
-    prefill_tok_s: float = 0.0  # its measured prefill speed (a PROMPT-token prompt)
+    prefill_tok_s: float = 0.0  # its prefill speed for a PROMPT-token prompt (from a MEASURED-token one)
     cached: bool = False
 
     def describe(self, threads: int) -> str:
@@ -89,15 +90,20 @@ class Verdict:
         return f"bit-exact (self-test: blocks equal one-token steps; {how})"
 
 
-def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | None = None) -> tuple[float, list[float], float]:
+def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | None = None
+                   ) -> tuple[float, list[float], list[tuple[int, float]]]:
     """Max |logits| difference between scoring ids[context:context + k] as one block, for each k in `blocks`
-    (default: the whole stretch), and the same tokens one at a time, all after ONE prefill of ids[:context]
-    (0.0: bit-equal); the seconds of each one-token step; and of that prefill. The adapter is reset."""
+    (default: the whole stretch), and the same tokens one at a time, all after a prefill of ids[:context]
+    (0.0: bit-equal); the seconds of each one-token step; and (tokens, seconds) of that prefill's two
+    halves (split at a whole tile: the same computation as one prefill). The adapter is reset."""
     blocks = blocks or (len(ids) - context,)
     lm.reset()
-    start = time.perf_counter()
-    lm.prefill(torch.tensor([ids[:context]]))
-    prefill_s = time.perf_counter() - start
+    prefill = []
+    half = context // 2 // TILE * TILE
+    for piece in (ids[:half], ids[half:context]) if half else (ids[:context],):
+        start = time.perf_counter()
+        lm.prefill(torch.tensor([piece]))
+        prefill.append((len(piece), time.perf_counter() - start))
     scored = []  # [k, V] per block
     for k in blocks:
         scored.append(lm.forward(torch.tensor([ids[context:context + k]]))[0])
@@ -109,7 +115,22 @@ def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | N
         seconds.append(time.perf_counter() - start)
     lm.reset()
     steps = torch.cat(steps)  # [max k, V]
-    return max(float((block - steps[:len(block)]).abs().max()) for block in scored), seconds, prefill_s
+    return max(float((block - steps[:len(block)]).abs().max()) for block in scored), seconds, prefill
+
+
+def prefill_seconds(pieces: list[tuple[int, float]], prompt: int) -> float:
+    """Seconds to prefill `prompt` tokens, from (tokens, seconds) of consecutive prefill pieces: a token
+    at depth d costs a + b*d (its weights, and attention over d keys: what grows with depth), fitted to
+    the first two pieces (one piece: b = 0)."""
+    if len(pieces) < 2:
+        (n, t), = pieces
+        return t / n * prompt
+    (n1, t1), (n2, t2) = pieces[:2]
+    # t1 = n1 a + b S1, t2 = n2 a + b S2, S = the depths summed over each piece
+    s1, s2 = n1 * (n1 - 1) / 2, n2 * n1 + n2 * (n2 - 1) / 2
+    b = max(0.0, (t2 * n1 - t1 * n2) / (s2 * n1 - s1 * n2))
+    a = max(0.0, (t1 - b * s1) / n1)
+    return prompt * a + b * prompt * (prompt - 1) / 2
 
 
 def prefix_vs_whole(lm, ids: list[int]) -> bool:
@@ -128,15 +149,16 @@ def prefix_vs_whole(lm, ids: list[int]) -> bool:
 
 
 def trial(lm) -> tuple[float, float, float]:
-    """(max difference over a BLOCK- and a LONG-token block after a PROMPT-token prefill -- inf if a prefix
-    plus the rest is not a whole prefill --, median one-token step there in ms, prefill tokens/s): the
-    request a setting is ranked by, measured at its own depth (attention's share grows with the prompt)."""
-    context = max(1, min(PROMPT, lm.max_length - LONG - 1))
+    """(max difference over a BLOCK- and a LONG-token block after a MEASURED-token prefill -- inf if a
+    prefix plus the rest is not a whole prefill --, median one-token step there in ms, prefill tokens/s
+    of a PROMPT-token prompt from that prefill): attention's share grows with depth, and only some
+    settings keep their prefill speed there."""
+    context = max(1, min(MEASURED, lm.max_length - LONG - 1))
     ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(0)).tolist()
-    diff, seconds, prefill_s = block_vs_steps(lm, ids, context, (BLOCK, LONG))
+    diff, seconds, prefill = block_vs_steps(lm, ids, context, (BLOCK, LONG))
     if len(ids) > TILE and not prefix_vs_whole(lm, ids[:SPLIT]):
         diff = float("inf")
-    return diff, statistics.median(seconds) * 1e3, context / prefill_s
+    return diff, statistics.median(seconds) * 1e3, PROMPT / prefill_seconds(prefill, PROMPT)
 
 
 def request_ms(step_ms: float, prefill_tok_s: float) -> float:
