@@ -411,7 +411,8 @@ def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     assert pick([(f16, 0.0, 11.0, fast), (bf16, 0.0, 10.0, fast)]).setting == bf16
     # slower steps, but a prefill fast enough to win the ranked request (PROMPT tokens, STEPS steps)
     assert pick([(f16, 0.0, 11.0, 250.0), (q8, 0.0, 10.0, 150.0)]).setting == f16
-    assert pick([(f16, 0.0, 17.0, 300.0), (f16_one, 0.0, 13.0, 300.0), (q8, 0.0, 9.0, 200.0)]).setting == f16_one
+    assert pick([(f16, 0.0, 17.0, 300.0), (f16_one, 0.0, 13.0, 300.0), (q8, 0.0, 9.0, 150.0)]).setting == f16_one
+    assert pick([(f16, 0.0, 15.0, 300.0), (q8, 0.0, 10.0, 220.0)]).setting == q8  # a session is mostly steps
     none = pick([(f16, 0.5, 10.0, fast), (bf16, 0.25, 9.0, fast)])
     assert (none.setting, none.exact, none.max_diff) == (f16, False, 0.5)
     assert "tolerance" in none.describe(2) and "bit-exact" in pick([(one, 0.0, 9.0, fast)]).describe(2)

@@ -18,7 +18,7 @@ cache and a q8_0-K cache, all threads, n_ubatch 512; the f16 cache with one-toke
 no tiles (n_ubatch 32). Each is tested: after a MEASURED-token prefill (capped by the context), blocks of
 BLOCK and LONG tokens against the same tokens one at a time, and the KV of a prefill from a whole tile on
 equal to one prefill of the whole (what the prefix cache relies on). Of
-those bit-equal, the one that serves a cold agent step fastest (a PROMPT-token prefill, extrapolated
+those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill, extrapolated
 from the two halves of the measured one, and STEPS one-token steps at MEASURED tokens) is kept (an earlier one within 3% wins: f16
 is what llama-server runs). None bit-equal: the first, and greedy identity rests on tolerance. The verdict
 is cached per CPU, model file, library version and settings (about half a minute on 2 cores, once).
@@ -43,7 +43,9 @@ CONTEXT = 300  # tokens before the blocks: past the 256-key point where the spli
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
 GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
 FAVOUR = 1.03  # an earlier candidate within 3% of the fastest is kept
-PROMPT, STEPS = 2048, 128  # the request a setting is ranked by: an agent's cold prompt (tool specs) and answer
+# What a setting is ranked by: an agent session -- one cold PROMPT-token prompt (tool specs), then STEPS
+# one-token steps (eight answers of 128; the prefix cache serves the later prompts)
+PROMPT, STEPS = 2048, 1024
 MEASURED = 1024  # prompt tokens the self-test prefills (PROMPT's time is extrapolated from its two halves)
 TILE = 64  # llama.cpp's flash-attention query tile (GGML_FA_TILE_Q): 64+ query rows take the tiled kernel
 SPLIT = 3 * TILE + 10  # tokens of the prefix-plus-rest check: a tile, then two more and a remainder
