@@ -38,7 +38,7 @@ import torch
 from .. import progress
 from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 
-VERSION = 5  # bump when the test changes: old cache entries are then ignored
+VERSION = 6  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
 GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
