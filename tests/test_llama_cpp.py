@@ -404,10 +404,10 @@ def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     one is within 3%; nothing exact -> the first setting, said to rest on tolerance."""
     from exactspec.models.llama_cpp_numerics import CANDIDATES, pick
 
-    f16, f16_one, bf16, q8, one = CANDIDATES
+    q8, bf16, f16, f16_one, one = CANDIDATES
     fast = 1e9  # prefill tokens/s too fast to matter: the steps decide
     assert pick([(f16, 0.8, 10.0, fast), (bf16, 0.0, 12.0, fast), (q8, 0.0, 11.0, fast), (one, 0.0, 14.0, fast)]).setting == q8
-    assert pick([(f16, 0.0, 10.2, fast), (bf16, 0.0, 10.0, fast)]).setting == f16  # within 3%: llama.cpp's default
+    assert pick([(f16, 0.0, 10.2, fast), (bf16, 0.0, 10.0, fast)]).setting == f16  # within 3%: the earlier one
     assert pick([(f16, 0.0, 11.0, fast), (bf16, 0.0, 10.0, fast)]).setting == bf16
     # slower steps, but a prefill fast enough to win the ranked request (PROMPT tokens, STEPS steps)
     assert pick([(f16, 0.0, 11.0, 250.0), (q8, 0.0, 10.0, 150.0)]).setting == f16

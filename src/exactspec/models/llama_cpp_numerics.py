@@ -11,17 +11,19 @@ Why (ggml's CPU flash attention, ggml-cpu/ops.cpp, as vendored by llama-cpp-pyth
 - both paths need K and V of type f16 (an f32 cache is cast to f16 for attention). With K in bf16 or
   q8_0 every pass runs the per-row kernel: steps on every thread and blocks of any size agree (measured
   here to 1200 tokens, blocks of 8 and 70, n_ubatch 512).
-The candidates, in order: llama.cpp's own f16 cache and kernels with TILED PREFILL (llama_cpp.py:
-prompts prefilled in whole 64-token tiles by the tiled kernel, decode passes kept under 64 rows, n_ubatch
-512), one-token steps kept off the split path by a pad on all threads, or by running on ONE thread; a bf16
-cache and a q8_0-K cache, all threads, n_ubatch 512; the f16 cache with one-token steps on one thread and
-no tiles (n_ubatch 32). Each is tested: after a MEASURED-token prefill (capped by the context), blocks of
-BLOCK and LONG tokens against the same tokens one at a time, and the KV of a prefill from a whole tile on
-equal to one prefill of the whole (what the prefix cache relies on). Of
-those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill, extrapolated
-from the two halves of the measured one, and STEPS one-token steps at MEASURED tokens) is kept (an earlier one within 3% wins: f16
-is what llama-server runs). None bit-equal: the first, and greedy identity rests on tolerance. The verdict
-is cached per CPU, model file, library version and settings (about half a minute on 2 cores, once).
+The candidates, in order: a q8_0-K cache and a bf16 cache on all threads, n_ubatch 512 (per-row kernel
+everywhere); llama.cpp's own f16 cache and kernels with TILED PREFILL (llama_cpp.py: prompts prefilled in
+whole 64-token tiles by the tiled kernel, decode passes kept under 64 rows, n_ubatch 512), one-token
+steps kept off the split path by a pad on all threads, or by running on ONE thread; the f16 cache with
+one-token steps on one thread and no tiles (n_ubatch 32). Each is tested: after a MEASURED-token prefill
+(capped by the context), blocks of BLOCK and LONG tokens against the same tokens one at a time, and the
+KV of a prefill from a whole tile on equal to one prefill of the whole (what the prefix cache relies
+on). Of those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill,
+extrapolated from the two halves of the measured one, and STEPS one-token steps, priced by the mean of
+the medians of steps near the start and at MEASURED tokens) is kept; an earlier one within 3% wins (the
+per-row settings come first: see CANDIDATES). None bit-equal: the first, and greedy identity rests on
+tolerance. The verdict is cached per CPU, model file, library version and settings (about half a
+minute on 2 cores, once).
 The cache type changes the model's numerics (not the exactness of speculation, which compares the
 target with itself): `Verdict.describe` names it, and `generate --json` / `/v1/models` report it.
 """
@@ -38,7 +40,7 @@ import torch
 from .. import progress
 from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 
-VERSION = 6  # bump when the test changes: old cache entries are then ignored
+VERSION = 8  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
 GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
@@ -47,6 +49,7 @@ FAVOUR = 1.03  # an earlier candidate within 3% of the fastest is kept
 # one-token steps (eight answers of 128; the prefix cache serves the later prompts)
 PROMPT, STEPS = 2048, 1024
 MEASURED = 1024  # prompt tokens the self-test prefills (PROMPT's time is extrapolated from its two halves)
+SHALLOW = 32  # one-token steps timed from an empty context (a chat's answer), beside those at MEASURED
 TILE = 64  # llama.cpp's flash-attention query tile (GGML_FA_TILE_Q): 64+ query rows take the tiled kernel
 SPLIT = 3 * TILE + 10  # tokens of the prefix-plus-rest check: a tile, then two more and a remainder
 
@@ -72,16 +75,18 @@ class Setting:
         return f"{self.type_k}/{self.type_v} KV cache, one-token steps on {steps} thread(s), n_ubatch {self.n_ubatch}{tiled}"
 
 
-CANDIDATES = (Setting("f16", "f16", 0, 512, TILE), Setting("f16", "f16", 1, 512, TILE), Setting("bf16", "bf16", 0, 512),
-              Setting("q8_0", "f16", 0, 512), Setting("f16", "f16", 1, 32))
+# per-row settings first: near a tie they win, as the pad / one-thread steps of the tiled ones cost more across
+# a whole bench than this measure says (docs/llama-cpp.md: a Zen 5's chat 0.55-0.59x llama-server with them, 0.94x without)
+CANDIDATES = (Setting("q8_0", "f16", 0, 512), Setting("bf16", "bf16", 0, 512), Setting("f16", "f16", 0, 512, TILE),
+              Setting("f16", "f16", 1, 512, TILE), Setting("f16", "f16", 1, 32))
 
 
 @dataclass
 class Verdict:
     setting: Setting
     exact: bool  # one-token steps bit-equal to blocks with it
-    max_diff: float  # of the first candidate (llama.cpp's default) on this CPU
-    step_ms: float  # its measured one-token step
+    max_diff: float  # of the first candidate on this CPU
+    step_ms: float  # its one-token step (mean of the medians near the start and at MEASURED tokens)
     prefill_tok_s: float = 0.0  # its prefill speed for a PROMPT-token prompt (from a MEASURED-token one)
     cached: bool = False
 
@@ -152,15 +157,23 @@ def prefix_vs_whole(lm, ids: list[int]) -> bool:
 
 def trial(lm) -> tuple[float, float, float]:
     """(max difference over a BLOCK- and a LONG-token block after a MEASURED-token prefill -- inf if a
-    prefix plus the rest is not a whole prefill --, median one-token step there in ms, prefill tokens/s
-    of a PROMPT-token prompt from that prefill): attention's share grows with depth, and only some
-    settings keep their prefill speed there."""
+    prefix plus the rest is not a whole prefill --, one-token step in ms -- the mean of the medians near
+    the start and at MEASURED tokens: a session's answers lie between --, prefill tokens/s of a
+    PROMPT-token prompt from that prefill): attention's share grows with depth, and only some settings
+    keep their prefill speed there."""
     context = max(1, min(MEASURED, lm.max_length - LONG - 1))
     ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(0)).tolist()
-    diff, seconds, prefill = block_vs_steps(lm, ids, context, (BLOCK, LONG))
+    lm.reset()
+    shallow = []
+    for t in ids[:SHALLOW]:
+        start = time.perf_counter()
+        lm.forward(torch.tensor([[t]]))
+        shallow.append(time.perf_counter() - start)
+    diff, deep, prefill = block_vs_steps(lm, ids, context, (BLOCK, LONG))
     if len(ids) > TILE and not prefix_vs_whole(lm, ids[:SPLIT]):
         diff = float("inf")
-    return diff, statistics.median(seconds) * 1e3, PROMPT / prefill_seconds(prefill, PROMPT)
+    step_ms = (statistics.median(shallow) + statistics.median(deep)) / 2 * 1e3
+    return diff, step_ms, PROMPT / prefill_seconds(prefill, PROMPT)
 
 
 def request_ms(step_ms: float, prefill_tok_s: float) -> float:
