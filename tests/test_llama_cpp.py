@@ -404,7 +404,8 @@ def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     one is within 3%; nothing exact -> the first setting, said to rest on tolerance."""
     from exactspec.models.llama_cpp_numerics import CANDIDATES, pick
 
-    q8, bf16, f16, f16_one, one = CANDIDATES
+    q8, bf16, f16, one = CANDIDATES
+    f16_one = type(f16)(f16.type_k, f16.type_v, 1, f16.n_ubatch, f16.prefill_tile)  # tiles, one-thread steps
     fast = 1e9  # prefill tokens/s too fast to matter: the steps decide
     assert pick([(f16, 0.8, 10.0, fast), (bf16, 0.0, 12.0, fast), (q8, 0.0, 11.0, fast), (one, 0.0, 14.0, fast)]).setting == q8
     assert pick([(f16, 0.0, 10.2, fast), (bf16, 0.0, 10.0, fast)]).setting == f16  # within 3%: the earlier one
