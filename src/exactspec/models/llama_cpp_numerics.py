@@ -15,8 +15,8 @@ The candidates, in order: a q8_0-K cache and a bf16 cache on all threads, n_ubat
 everywhere); llama.cpp's own f16 cache and kernels with TILED PREFILL (llama_cpp.py: prompts prefilled in
 whole 64-token tiles by the tiled kernel, decode passes kept under 64 rows, n_ubatch 512), one-token
 steps kept off the split path by a pad; the f16 cache with one-token steps on ONE thread and no tiles
-(n_ubatch 32). (Tiles with one-thread steps, no pad, measured well here and lost across the peer bench on
-a Zen 5: the whole step then runs on one core. The adapter still pads only where steps use 2+ threads.) Each is tested: after a MEASURED-token prefill
+(n_ubatch 32). (Tiles with one-thread steps and no pad measured well here, and lost across the peer
+bench on a Zen 5: the whole step then runs on one core.) Each is tested: after a MEASURED-token prefill
 (capped by the context), blocks of BLOCK and LONG tokens against the same tokens one at a time, and the
 KV of a prefill from a whole tile on equal to one prefill of the whole (what the prefix cache relies
 on). Of those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill,
@@ -76,8 +76,8 @@ class Setting:
         return f"{self.type_k}/{self.type_v} KV cache, one-token steps on {steps} thread(s), n_ubatch {self.n_ubatch}{tiled}"
 
 
-# per-row settings first: near a tie they win, as the pad / one-thread steps of the tiled ones cost more across
-# a whole bench than this measure says (docs/llama-cpp.md: a Zen 5's chat 0.55-0.59x llama-server with them, 0.94x without)
+# Per-row settings first: near a tie they win, as a tiled setting's padded steps cost more across a whole
+# bench than this measure says (docs/llama-cpp.md: on a Zen 5, chat at 0.59x llama-server with them, 0.94x without)
 CANDIDATES = (Setting("q8_0", "f16", 0, 512), Setting("bf16", "bf16", 0, 512), Setting("f16", "f16", 0, 512, TILE),
               Setting("f16", "f16", 1, 32))
 
