@@ -67,11 +67,27 @@ def test_reusable_prefix(common, prefilled, total, kept):
     assert LlamaCppLM.reusable(SimpleNamespace(prefill_tile=0), common, prefilled, total) == common
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tiled(embedded_llamacpp):
-    if not embedded_llamacpp.target.prefill_tile:
-        pytest.skip(f"the self-test did not keep tiled prefill here: {embedded_llamacpp.target.identity}")
-    return embedded_llamacpp
+    """The embedded GGUF with TILED PREFILL forced (whatever the self-test keeps on this CPU: on some, a
+    per-row cache wins the ranking), if the self-test's own checks find it bit-exact here."""
+    from exactspec.engine import Engine
+    from exactspec.models.llama_cpp import load_llama_cpp
+    from exactspec.models.llama_cpp_numerics import CANDIDATES, steps_write_prefill_kv, trial
+
+    setting = next(c for c in CANDIDATES if c.prefill_tile)
+    lm = load_llama_cpp(embedded_llamacpp.target.path, n_ctx=1024, threads=2, **setting.llama_kwargs())
+    if setting.single_threads:
+        lm.set_single_threads(setting.single_threads)
+    diff = trial(lm)[0]
+    if diff != 0.0:
+        pytest.skip(f"tiled prefill is not bit-exact on this CPU (blocks or prefix + rest differ by {diff})")
+    lm.identity, lm.cost_key = "tiled prefill (forced by the test)", f"tiled-test|{lm.path}"
+    lm.cache_generated_kv = steps_write_prefill_kv(lm)
+    engine = Engine(lm, embedded_llamacpp.tokenizer, "prompt-lookup", 4)
+    engine.backend = "llama.cpp"
+    yield engine
+    lm.close()
 
 
 def test_prefix_hits_anywhere_decode_what_a_cold_prefill_does(tiled):
@@ -86,3 +102,30 @@ def test_prefix_hits_anywhere_decode_what_a_cold_prefill_does(tiled):
         warm = [list(tiled.stream_ids(p, GREEDY, 12, "auto", 0, None, "prompt-lookup")) for p in prompts]
         assert tiled.target.prefix_cache.reused_tokens > 0
     assert warm == cold
+
+
+def test_a_reusable_prefix_plus_the_rest_writes_a_cold_prefill_byte_for_byte(tiled):
+    """The adapter-level law behind the prefix cache: a 300-token prompt prefilled whole (tiles up to 256,
+    its last 44 tokens per-row), then a 400-token prompt sharing those 300 -- keeping what `reusable` allows
+    and prefilling the rest writes the KV a cold prefill of the 400 writes; keeping all 300 does not
+    (positions 256-299 were computed per-row, a cold prefill tiles them), which shows the check can fail."""
+    import torch
+
+    lm = tiled.target
+    ids = torch.randint(0, lm.vocab_size, (400,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def kv_after(keep: int | None) -> bytes:
+        lm.reset()
+        if keep is None:
+            lm.prefill(torch.tensor([ids]))
+        else:
+            lm.prefill(torch.tensor([ids[:300]]))
+            lm.truncate(keep)
+            lm.prefill(torch.tensor([ids[keep:]]))
+        kv = bytes(lm.snapshot_prefix(len(ids))[0][0])
+        lm.reset()
+        return kv
+
+    cold, kept = kv_after(None), lm.reusable(300, 300, 400)
+    assert kept == 256 and kv_after(kept) == cold
+    assert kv_after(300) != cold, "per-row and tiled positions 256-299 wrote the same bytes: the test is blind here"
