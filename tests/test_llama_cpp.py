@@ -402,10 +402,10 @@ def test_block_vs_steps_sees_a_planted_difference(engine, monkeypatch):
 def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     """`pick`, on made-up trials: inexact settings never win; the fastest exact one does, unless an earlier
     one is within 3%; nothing exact -> the first setting, said to rest on tolerance."""
-    from exactspec.models.llama_cpp_numerics import CANDIDATES, pick
+    from exactspec.models.llama_cpp_numerics import CANDIDATES, Setting, pick
 
     q8, bf16, f16, one = CANDIDATES
-    f16_one = type(f16)(f16.type_k, f16.type_v, 1, f16.n_ubatch, f16.prefill_tile)  # tiles, one-thread steps
+    f16_one = Setting("f16", "f16", 1, 512, 64)  # tiles with one-thread steps (not a candidate: pick ranks any)
     fast = 1e9  # prefill tokens/s too fast to matter: the steps decide
     assert pick([(f16, 0.8, 10.0, fast), (bf16, 0.0, 12.0, fast), (q8, 0.0, 11.0, fast), (one, 0.0, 14.0, fast)]).setting == q8
     assert pick([(f16, 0.0, 10.2, fast), (bf16, 0.0, 10.0, fast)]).setting == f16  # within 3%: the earlier one
