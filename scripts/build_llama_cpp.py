@@ -1,0 +1,83 @@
+"""Build llama-cpp-python (the llama.cpp engine) from its PyPI sdist with exactspec's patches, once per
+machine, and print the wheel's path (make setup installs it).
+
+Why patched: ggml's CPU flash attention (vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp) gives a lone query
+over 512+ keys a split-KV kernel, which sums in another order than the per-row kernel every query of a
+multi-token block takes. One-token steps then differ from the same tokens inside a verification block,
+so with llama.cpp's own f16 cache a one-token step had to carry a pad token (a second token through every
+matmul: ~40% more per step here) or the cache had to be q8_0/bf16, whose prefill runs at ~2/3 of
+llama.cpp's speed on a 3k-token prompt. With the split path off, a one-token step is the per-row kernel
+on all threads, like each row of a block. The load-time self-test (models/llama_cpp_numerics.py) still
+decides by measuring: on an unpatched build the unpadded setting is not bit-exact there and is not kept.
+
+The patched build carries a local version label (0.3.36+exactspec.N): it satisfies `==0.3.36`, and the
+self-test's cache keys (which include the version) never mix it with a stock build. The wheel is cached
+under the exactspec cache (EXACTSPEC_CACHE, else $XDG_CACHE_HOME/exactspec, else ~/.cache/exactspec),
+named by the patch level, so later set-ups take seconds. CMAKE_ARGS and CMAKE_BUILD_PARALLEL_LEVEL from the
+environment reach the build (the Makefile passes them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+PACKAGE, VERSION = "llama-cpp-python", "0.3.36"
+LABEL = "exactspec.1"  # bump with any change to PATCHES
+OPS = "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp"
+SPLIT_KV = ("const bool use_split_kv_path = !use_ref && (neq1 == 1 && neq3 == 1) && kv_is_f32_or_f16 && "
+            "(k->type == v->type) && q->type == GGML_TYPE_F32 && nek1 >= 512;")
+# (file, text, replacement): each text must occur exactly once in the sdist
+PATCHES = [
+    (OPS, SPLIT_KV, "// exactspec: a lone query takes the per-row kernel, as each query of a block does, so one-token\n"
+                    "    // steps equal blocks bit for bit (upstream: a split-KV kernel past 512 keys)\n"
+                    "    const bool use_split_kv_path = false;"),
+    ("llama_cpp/__init__.py", f'__version__ = "{VERSION}"', f'__version__ = "{VERSION}+{LABEL}"'),
+]
+
+
+def cache() -> Path:
+    root = os.environ.get("EXACTSPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "exactspec")
+    path = Path(root, "wheels")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def patch(tree: Path) -> None:
+    """Apply PATCHES to an unpacked sdist; a text not found exactly once stops the build."""
+    for name, text, replacement in PATCHES:
+        file = tree / name
+        source = file.read_text()
+        if source.count(text) != 1:
+            sys.exit(f"build_llama_cpp: {name} of {PACKAGE} {VERSION} does not hold the patched text exactly once")
+        file.write_text(source.replace(text, replacement))
+
+
+def build(out: Path) -> Path:
+    """Download the sdist, patch it, build the wheel into `out` (pip's output on stderr: stdout is the
+    path); the wheel's path."""
+    pip = [sys.executable, "-m", "pip"]
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([*pip, "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp,
+                        f"{PACKAGE}=={VERSION}"], check=True, stdout=sys.stderr)
+        sdist, = Path(tmp).glob("*.tar.gz")
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        tree, = (p for p in Path(tmp).iterdir() if p.is_dir())
+        patch(tree)
+        subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(out), str(tree)], check=True, stdout=sys.stderr)
+    return wheel(out)
+
+
+def wheel(out: Path) -> Path | None:
+    found = sorted(out.glob(f"llama_cpp_python-{VERSION}+{LABEL}-*.whl"))
+    return found[-1] if found else None
+
+
+if __name__ == "__main__":
+    print(wheel(cache()) or build(cache()))
