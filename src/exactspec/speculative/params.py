@@ -10,9 +10,12 @@ from ..errors import ExactSpecError, FieldError
 
 # Prompt tokens the scheduler prefills per iteration while other rows decode (chunked prefill, batching.py):
 # a long prompt joining delays the running streams by about one chunk's prefill, not its whole prompt's.
-# 64 at a 3.3k-token depth took 0.95 s on a 2-core Zen 4 (256: 3.1 s), at the same tokens/s as one whole
-# prefill (116-122): with the per-row attention kernel the self-test picks, chunks cost no throughput.
+# The first chunk of a joining prompt, and the least of every later one.
 PREFILL_CHUNK = 64
+# ... and once a chunk has been timed, as many more as fit this many seconds per iteration (loop.py): the
+# running streams' worst gap stays near it at any depth and on any CPU, and a joiner's prefill runs in
+# larger, cheaper passes.
+PREFILL_SECONDS = 0.5
 
 VERIFICATIONS = ("token", "block")  # SamplingParams.verification: per draft token, or the block jointly
 
