@@ -88,6 +88,28 @@ def test_a_long_prompt_joins_in_chunks_while_others_stream(llamacpp_rows, monkey
     assert joiners[0].result.stats.prefill_tokens == prompt_tokens - 1 == joiners[1].result.stats.prefill_tokens
 
 
+def test_a_prompt_the_prefix_cache_holds_whole_joins_a_running_row(llamacpp_rows):
+    """Chunked prefill with nothing left to prefill: the prefix cache holds a joining prompt whole (an
+    agent's replayed step), so its first chunk is empty -- it joins, and decodes what it does alone."""
+    from .conftest import prefix_cached
+
+    engine = llamacpp_rows
+    prompt = "Summarise: " + " ".join(f"item {i} costs {i * 7 % 13} euros;" for i in range(20))
+    alone = engine.generate(prompt, max_new_tokens=6, chat_template=False, temperature=0)
+    with prefix_cached(engine):
+        scheduler = Scheduler(engine, prefill_chunk=64)
+        for k in range(2):  # the first joiner fills the cache, the second finds its whole prompt there
+            running, joiner = job(engine, COUNTING, max_new_tokens=12), job(engine, prompt, max_new_tokens=6)
+            scheduler.admit([[Delivery(running, ignore)]])
+            scheduler.step()
+            events = []
+            scheduler.admit([[Delivery(joiner, events.append)]])
+            while scheduler.rows:
+                scheduler.step()
+            assert events[-1][0] == "done" and joiner.result.token_ids == alone.token_ids, (k, events[-1])
+        assert joiner.result.stats.cached_tokens == len(joiner.result.prompt_token_ids) - 1
+
+
 def test_admission_is_one_rule(embedded):
     """Lenient rows share a batch, rows drafting with the draft model (one cache) do not; with one row
     at a time nothing does, and a request's samples are queued one by one; a failing setup fails its

@@ -158,7 +158,8 @@ class BatchDecoder:
                     take -= take % ubatch if take >= ubatch else 0
                 t1 = time.perf_counter()
                 self.target.extend_row(seq, j.rest[:take])
-                j.per_token = (time.perf_counter() - t1) / take
+                if take:  # none: the prefix cache held the whole prompt
+                    j.per_token = (time.perf_counter() - t1) / take
                 j.rest, spent = j.rest[take:], spent + take
                 if not j.rest:
                     self.target.copy_row(seq, len(j.rows) - 1)
