@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..errors import ExactSpecError
-from ..speculative.params import PREFILL_CHUNK, PREFILL_SECONDS
+from ..speculative.params import PREFILL_CHUNK
 
 
 def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -34,11 +34,10 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                    help="token budget of a request that gives no max_tokens (default 2048; 0 = the rest of the "
                         "context); reported by /v1/models")
     p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, metavar="N",
-                   help=f"prompt tokens prefilled per iteration while other requests decode: the first chunk "
-                        f"and the least of each later one, which grows to about {PREFILL_SECONDS} s of prefill "
-                        f"(default {PREFILL_CHUNK}: a long prompt joining delays each running stream's next token "
-                        f"by about one chunk's prefill, not its whole prompt's; 0 = prefill each prompt whole). "
-                        f"Outputs are identical either way")
+                   help=f"prompt tokens prefilled per iteration while other requests decode (default "
+                        f"{PREFILL_CHUNK}: a long prompt joining delays each running stream's next token by about "
+                        f"one chunk's prefill, not its whole prompt's; 0 = prefill each prompt whole). Outputs "
+                        f"are identical either way")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id reported by /v1/models and in responses (default: the target's file name)")
     p.set_defaults(func=cmd_serve)

@@ -46,7 +46,6 @@ from .accept import Scored, acceptance
 from .costmodel import AutoGamma
 from .interfaces import CausalLM, Drafter
 from .law import TargetLaw
-from .params import PREFILL_SECONDS
 from .propose import propose
 from .rows import Draft, Row
 from .sampling import SamplingParams
@@ -134,15 +133,9 @@ class BatchDecoder:
         request whose prompt is complete gets its samples' copies and starts decoding; one whose prefill
         fails leaves with the error (the next `step` yields its rows), the other rows untouched. Chunks
         are whole multiples of the target's `prefill_quantum` (at least one), so they compute what a
-        whole prefill does, and end at a multiple of its n_ubatch where they can (whole compute steps).
-        Once the oldest request's last chunk has been timed, the budget grows to the tokens that fit
-        PREFILL_SECONDS at that speed: larger chunks cost less per token (llama.cpp: 64-token passes took
-        ~1.8x the time per token of 512-token ones at a 3k depth, 2 threads), so the joiner's first token
-        comes sooner while a running stream waits about as long per iteration, at any depth."""
+        whole prefill does, and end at a multiple of its n_ubatch where they can (whole compute steps)."""
         spent, quantum = 0, getattr(self.target, "prefill_quantum", 1)
         ubatch = getattr(self.target, "n_ubatch", 1)
-        if budget is not None and self.joining and self.joining[0].per_token:
-            budget = max(budget, int(PREFILL_SECONDS / self.joining[0].per_token))
         while self.joining and (budget is None or spent < budget):
             j, seq = self.joining[0], len(self.rows)
             t0 = time.perf_counter()
@@ -156,10 +149,7 @@ class BatchDecoder:
                 if take < len(j.rest):
                     take = min(len(j.rest), max(quantum, take - take % quantum))
                     take -= take % ubatch if take >= ubatch else 0
-                t1 = time.perf_counter()
                 self.target.extend_row(seq, j.rest[:take])
-                if take:  # none: the prefix cache held the whole prompt
-                    j.per_token = (time.perf_counter() - t1) / take
                 j.rest, spent = j.rest[take:], spent + take
                 if not j.rest:
                     self.target.copy_row(seq, len(j.rows) - 1)
@@ -324,7 +314,6 @@ class Joining:
     rows: list[Row]
     rest: list[int] | None = None  # prompt tokens still to prefill; None: its cache row is not opened yet
     seconds: float = 0.0  # prefill time so far
-    per_token: float = 0.0  # seconds per token of its last chunk (0: none timed yet)
 
 
 def _same_prompt(rows: list[Row]) -> list[list[Row]]:

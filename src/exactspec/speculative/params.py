@@ -10,12 +10,12 @@ from ..errors import ExactSpecError, FieldError
 
 # Prompt tokens the scheduler prefills per iteration while other rows decode (chunked prefill, batching.py):
 # a long prompt joining delays the running streams by about one chunk's prefill, not its whole prompt's.
-# The first chunk of a joining prompt, and the least of every later one.
+# With a per-row attention kernel (a q8_0-K cache) chunks cost no throughput. With TILED PREFILL they do:
+# ggml splits attention rows across threads in chunks that straddle the 64-row tiles, so at a 3k depth a
+# 64-token pass took 0.39 s, ~2.7x per token what 512-token passes took (Zen 5, 2 threads); a joining
+# 3.3k-token prompt's first token then comes ~1.5x later than alone. Growing later chunks to fill 0.5 s
+# did not move it measurably (at depth 64 tokens already take ~0.5 s), so chunks stay fixed.
 PREFILL_CHUNK = 64
-# ... and once a chunk has been timed, as many more as fit this many seconds per iteration (loop.py): the
-# running streams' worst gap stays near it at any depth and on any CPU, and a joiner's prefill runs in
-# larger, cheaper passes.
-PREFILL_SECONDS = 0.5
 
 VERIFICATIONS = ("token", "block")  # SamplingParams.verification: per draft token, or the block jointly
 
