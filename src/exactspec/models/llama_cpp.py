@@ -31,8 +31,9 @@ fresh prefill. The rules (each tested by the self-test and tests/test_llama_cpp_
 - a prefill from a multiple of the tile computes its whole tiles in passes of whole tiles (tiled kernel:
   each query row's sums do not depend on the rows beside it); what is left (the prompt's last
   len % 64 tokens) and every pass with logits go in passes of at most tile - 1 tokens (per-row kernel);
-- a pass of one token in one sequence on more than one thread would take the split-KV kernel: it gets
-  a second, throw-away token (a PAD) in an empty sequence (the one-row context keeps a spare sequence in
+- a pass of one token in one sequence on more than one thread takes the split-KV kernel in stock
+  llama.cpp (`make setup`'s build has it off: scripts/build_llama_cpp.py; the self-test finds which, and
+  `pad_steps` follows): it gets a second, throw-away token (a PAD) in an empty sequence (the one-row context keeps a spare sequence in
   a unified cache; batched rows use the next free row) or, where none is free, after its own token; the
   pad is removed. With one-token steps on one thread (the split-KV kernel with one split is the per-row
   kernel) no pad is needed;
