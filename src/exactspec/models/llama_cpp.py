@@ -33,9 +33,9 @@ fresh prefill. The rules (each tested by the self-test and tests/test_llama_cpp_
   len % 64 tokens) and every pass with logits go in passes of at most tile - 1 tokens (per-row kernel);
 - a pass of one token in one sequence on more than one thread takes the split-KV kernel in stock
   llama.cpp (`make setup`'s build has it off: scripts/build_llama_cpp.py; the self-test finds which, and
-  `pad_steps` follows): it gets a second, throw-away token (a PAD) in an empty sequence (the one-row context keeps a spare sequence in
-  a unified cache; batched rows use the next free row) or, where none is free, after its own token; the
-  pad is removed. With one-token steps on one thread (the split-KV kernel with one split is the per-row
+  `pad_steps` follows): it gets a second, throw-away token (a PAD) in an empty sequence (the one-row
+  context keeps a spare sequence in a unified cache; batched rows use the next free row) or, where
+  none is free, after its own token; the pad is removed. With one-token steps on one thread (the split-KV kernel with one split is the per-row
   kernel) no pad is needed;
 - the prefix cache reuses a cached prefix only where both prompts computed it the same way (`reusable`).
 Greedy text then equals our own plain decoding, not llama.cpp's `Llama.generate` (which prefills the
