@@ -35,8 +35,8 @@ fresh prefill. The rules (each tested by the self-test and tests/test_llama_cpp_
   llama.cpp (`make setup`'s build has it off: scripts/build_llama_cpp.py; the self-test finds which, and
   `pad_steps` follows): it gets a second, throw-away token (a PAD) in an empty sequence (the one-row
   context keeps a spare sequence in a unified cache; batched rows use the next free row) or, where
-  none is free, after its own token; the pad is removed. With one-token steps on one thread (the split-KV kernel with one split is the per-row
-  kernel) no pad is needed;
+  none is free, after its own token; the pad is removed. With one-token steps on one thread (the
+  split-KV kernel with one split is the per-row kernel) no pad is needed;
 - the prefix cache reuses a cached prefix only where both prompts computed it the same way (`reusable`).
 Greedy text then equals our own plain decoding, not llama.cpp's `Llama.generate` (which prefills the
 prompt's last tile-remainder with the tiled kernel).

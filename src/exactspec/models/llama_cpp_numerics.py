@@ -14,12 +14,12 @@ Why (ggml's CPU flash attention, ggml-cpu/ops.cpp, as vendored by llama-cpp-pyth
 The candidates, in order: a q8_0-K cache and a bf16 cache on all threads, n_ubatch 512 (per-row kernel
 everywhere); llama.cpp's own f16 cache and kernels with TILED PREFILL (llama_cpp.py: prompts prefilled in
 whole 64-token tiles by the tiled kernel, decode passes kept under 64 rows, n_ubatch 512), one-token
-steps as they are (bit-exact where llama.cpp was built without the split path: `make setup` builds it so,
-scripts/build_llama_cpp.py), else kept off the split path by a pad; the f16 cache with one-token steps on ONE thread and no tiles
-(n_ubatch 32). (Tiles with one-thread steps and no pad measured well here, and lost across the peer
-bench on a Zen 5: the whole step then runs on one core.) Each is tested: after a MEASURED-token prefill
-(capped by the context), blocks of BLOCK and LONG tokens against the same tokens one at a time, and the
-KV of a prefill from a whole tile on equal to one prefill of the whole (what the prefix cache relies
+steps as they are (bit-exact where llama.cpp was built without the split path: `make setup` builds it
+so, scripts/build_llama_cpp.py), else kept off the split path by a pad; the f16 cache with one-token
+steps on ONE thread and no tiles (n_ubatch 32). (Tiles with one-thread steps and no pad measured well
+here, and lost across the peer bench on a Zen 5: the whole step then runs on one core.) Each is
+tested: after a MEASURED-token prefill (capped by the context), blocks of BLOCK and LONG tokens against
+the same tokens one at a time, and the KV of a prefill from a whole tile on equal to one prefill of the whole (what the prefix cache relies
 on). Of those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill,
 extrapolated from the two halves of the measured one, and STEPS one-token steps, priced by the mean of
 the medians of steps near the start and at MEASURED tokens) is kept; an earlier one within 3% wins (the
