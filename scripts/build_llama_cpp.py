@@ -63,11 +63,11 @@ def build(out: Path) -> Path:
     path); the wheel's path."""
     pip = [sys.executable, "-m", "pip"]
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([*pip, "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp,
+        subprocess.run([*pip, "download", "-q", "--no-deps", "--no-binary", PACKAGE, "-d", tmp,
                         f"{PACKAGE}=={VERSION}"], check=True, stdout=sys.stderr)
         sdist, = Path(tmp).glob("*.tar.gz")
         with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, filter="data")
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         tree, = (p for p in Path(tmp).iterdir() if p.is_dir())
         patch(tree)
         subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(out), str(tree)], check=True, stdout=sys.stderr)
