@@ -12,19 +12,20 @@ decides by measuring: on an unpatched build the unpadded setting is not bit-exac
 
 The patched build carries a local version label (0.3.36+exactspec.N): it satisfies `==0.3.36`, and the
 self-test's cache keys (which include the version) never mix it with a stock build. The wheel is cached
-under the exactspec cache (EXACTSPEC_CACHE, else $XDG_CACHE_HOME/exactspec, else ~/.cache/exactspec),
-named by the patch level, so later set-ups take seconds. CMAKE_ARGS and CMAKE_BUILD_PARALLEL_LEVEL from the
-environment reach the build (the Makefile passes them).
+under the exactspec cache (`cachedir.cache_dir`: EXACTSPEC_CACHE, else $XDG_CACHE_HOME/exactspec, else
+~/.cache/exactspec), named by the patch level, so later set-ups take seconds. CMAKE_ARGS and
+CMAKE_BUILD_PARALLEL_LEVEL from the environment reach the build (the Makefile passes them).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from exactspec.cachedir import cache_dir  # make setup installs exactspec first
 
 PACKAGE, VERSION = "llama-cpp-python", "0.3.36"
 LABEL = "exactspec.1"  # bump with any change to PATCHES
@@ -38,14 +39,6 @@ PATCHES = [
                     "    const bool use_split_kv_path = false;"),
     ("llama_cpp/__init__.py", f'__version__ = "{VERSION}"', f'__version__ = "{VERSION}+{LABEL}"'),
 ]
-
-
-def cache() -> Path:
-    root = os.environ.get("EXACTSPEC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "exactspec")
-    path = Path(root, "wheels")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def patch(tree: Path) -> None:
@@ -80,4 +73,5 @@ def wheel(out: Path) -> Path | None:
 
 
 if __name__ == "__main__":
-    print(wheel(cache()) or build(cache()))
+    out = cache_dir("wheels")
+    print(wheel(out) or build(out))

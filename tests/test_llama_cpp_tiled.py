@@ -84,15 +84,17 @@ def tiled(request, embedded_llamacpp):
     from exactspec.models.llama_cpp import load_llama_cpp
     from exactspec.models.llama_cpp_numerics import steps_write_prefill_kv, trial
 
+    def make(setting):
+        lm = load_llama_cpp(embedded_llamacpp.target.path, n_ctx=1024, threads=2, **setting.llama_kwargs())
+        if setting.single_threads:
+            lm.set_single_threads(setting.single_threads)
+        return lm
+
     setting = request.param
-    lm = load_llama_cpp(embedded_llamacpp.target.path, n_ctx=1024, threads=2, **setting.llama_kwargs())
-    if setting.single_threads:
-        lm.set_single_threads(setting.single_threads)
+    lm = make(setting)
     diff = trial(lm)[0]
     if diff != 0.0 and not setting.pad and "+exactspec" in llama_cpp.__version__:
-        padded = load_llama_cpp(embedded_llamacpp.target.path, n_ctx=1024, threads=2,
-                                **replace(setting, pad=True).llama_kwargs())
-        if trial(padded)[0] == 0.0:  # only the pad makes it exact: the split-KV kernel is still there
+        if trial(make(replace(setting, pad=True)))[0] == 0.0:  # only the pad makes it exact: the split-KV kernel is still there
             pytest.fail(f"make setup's llama.cpp build (scripts/build_llama_cpp.py) should have no split-KV "
                         f"kernel, yet only padded one-token steps equal blocks (unpadded: {diff})")
     if diff != 0.0:

@@ -19,8 +19,8 @@ so, scripts/build_llama_cpp.py), else kept off the split path by a pad; the f16 
 steps on ONE thread and no tiles (n_ubatch 32). (Tiles with one-thread steps and no pad measured well
 here, and lost across the peer bench on a Zen 5: the whole step then runs on one core.) Each is
 tested: after a MEASURED-token prefill (capped by the context), blocks of BLOCK and LONG tokens against
-the same tokens one at a time, and the KV of a prefill from a whole tile on equal to one prefill of the whole (what the prefix cache relies
-on). Of those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill,
+the same tokens one at a time, and the KV of a prefill from a whole tile on equal to one prefill of the
+whole (what the prefix cache relies on). Of those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill,
 extrapolated from the two halves of the measured one, and STEPS one-token steps, priced by the mean of
 the medians of steps near the start and at MEASURED tokens) is kept; an earlier one within 3% wins (the
 per-row settings come first: see CANDIDATES). None bit-equal: the first, and greedy identity rests on
