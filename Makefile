@@ -11,9 +11,10 @@ UV_VERSION := 0.13.9
 INSTALL := $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
 # The llama.cpp engine (the CPU default for GGUF targets) compiles once from llama-cpp-python's sdist, with
-# exactspec's patch (scripts/build_llama_cpp.py: one-token steps on the kernel blocks use), trimmed to the
-# library exactspec binds: no multimodal (mtmd), tools, examples, tests, server, nor the common library
-# llama-cpp-python forces on (scripts/llama_cpp_lib_only.cmake): 4 min here, not 8. The wheel is cached
+# exactspec's patches (scripts/build_llama_cpp.py: one-token steps on the kernel blocks use; attention
+# chunked in whole tiles), trimmed to the library exactspec binds: no multimodal (mtmd), tools, examples,
+# tests, server, nor the common library llama-cpp-python forces on (scripts/llama_cpp_lib_only.cmake):
+# 4 min here, not 8. The wheel is cached
 # (~/.cache/exactspec/wheels): later installs, new venvs included, take seconds.
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF \
                     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
