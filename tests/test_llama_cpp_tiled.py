@@ -13,6 +13,7 @@ from .conftest import need
 
 need("llama_cpp")
 
+from exactspec.models import prefill_plan  # noqa: E402
 from exactspec.models.llama_cpp import LlamaCppLM, _passes  # noqa: E402
 from exactspec.models.llama_cpp_numerics import CANDIDATES  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
@@ -24,17 +25,19 @@ GREEDY = SamplingParams(temperature=0)
 
 
 def pieces(length: int, k: int, prefill: bool, n_batch: int = 512, n_ubatch: int = 512) -> list[int]:
-    lm = SimpleNamespace(prefill_tile=TILE, n_batch=n_batch, n_ubatch=n_ubatch)
-    return LlamaCppLM._pieces(lm, length, k, prefill)
+    lm = SimpleNamespace(prefill_tile=TILE, n_batch=n_batch, n_ubatch=n_ubatch, _ids=[[7] * length], _lengths=[length])
+    lm.plan = lambda ids: prefill_plan.kinds(ids, [1, 5], {2}, TILE)
+    return LlamaCppLM._pieces(lm, 0, [7] * (k - 3) + [1, 5, 9], prefill)
 
 
-def test_a_prefill_takes_whole_tiles_then_per_row_passes():
-    assert pieces(0, 1000, True) == [512, 448, 40]  # tiles [0, 960): tiled kernel; the last 40: per-row
-    assert pieces(128, 200, True) == [192, 8]  # from a tile boundary
-    assert pieces(100, 200, True) == [63, 63, 63, 11]  # not from a boundary: nothing is tiled
-    assert pieces(0, 40, True) == [40]
-    assert pieces(0, 1000, True, n_batch=200, n_ubatch=200) == [192] * 5 + [40]  # one compute step each
-    assert pieces(0, 130, False) == [63, 63, 4]  # logits: always under a tile (the per-row kernel)
+def test_a_prefill_passes_by_its_plan_and_logits_per_row():
+    """A prompt's passes follow its plan (prefill_plan.py: here a run, then an assistant turn of 3); every
+    pass with logits stays under a tile (the per-row kernel)."""
+    assert pieces(0, 1000, True) == [512, 485, 3]
+    assert pieces(100, 200, True) == [197, 3]  # its run began in the cached part
+    assert pieces(0, 40, True) == [40]  # a run too short to tile, and the turn: per-row
+    assert pieces(0, 1000, True, n_batch=200, n_ubatch=200) == [192] * 4 + [128, 101, 3]  # one compute step each
+    assert pieces(0, 130, False) == [63, 63, 4]
 
 
 def test_passes_are_equal_runs_of_consecutive_rows():
@@ -54,18 +57,8 @@ def test_passes_are_equal_runs_of_consecutive_rows():
         assert done == widths
 
 
-@pytest.mark.parametrize("common, prefilled, total, kept", [
-    (300, 300, 400, 256),  # the cached prompt's last 44 tokens were per-row, the new prompt tiles them
-    (300, 300, 310, 300),  # both prompts end in the same tile: all of it
-    (200, 300, 310, 192),  # a match ending inside a tile: from its start (the rest re-tiled)
-    (305, 300, 310, 305),  # generated tokens past a shared last tile: computed per-row by both
-    (350, 300, 355, 256),  # ... but a prompt of 355 tiles [256, 320)
-    (40, 300, 400, 0),
-])
-def test_reusable_prefix(common, prefilled, total, kept):
-    lm = SimpleNamespace(prefill_tile=TILE)
-    assert LlamaCppLM.reusable(lm, common, prefilled, total) == kept
-    assert LlamaCppLM.reusable(SimpleNamespace(prefill_tile=0), common, prefilled, total) == common
+def test_without_tiled_prefill_every_shared_position_is_reusable():
+    assert LlamaCppLM.reusable(SimpleNamespace(prefill_tile=0), 123, None, [7] * 200) == 123
 
 
 TILED = [c for c in CANDIDATES if c.prefill_tile]  # lone tokens as they are, then padded
@@ -121,28 +114,60 @@ def test_prefix_hits_anywhere_decode_what_a_cold_prefill_does(tiled):
     assert warm == cold
 
 
+def kv_after(lm, ids: list[int], cached: int | None = None, decoded: int = 0, keep: int | None = None) -> bytes:
+    """The KV bytes of a prefill of `ids`: cold (cached None), or after a prefill of ids[:cached] and
+    `decoded` one-token steps (a prompt and its answer), kept up to `keep` (default: what `reusable`
+    allows) and the rest prefilled. The adapter is reset."""
+    import torch
+
+    lm.reset()
+    if cached is not None:
+        lm.prefill(torch.tensor([ids[:cached]]))
+        for t in ids[cached:cached + decoded]:
+            lm.forward(torch.tensor([[t]]))
+        state, _ = lm.snapshot_prefix(cached + decoded)
+        keep = lm.reusable(cached + decoded, state, ids) if keep is None else keep
+        lm.restore_prefix(state, keep)
+    if lm.length < len(ids):
+        lm.prefill(torch.tensor([ids[lm.length:]]))
+    kv = bytes(lm.snapshot_prefix(len(ids))[0][0])
+    lm.reset()
+    return kv
+
+
 def test_a_reusable_prefix_plus_the_rest_writes_a_cold_prefill_byte_for_byte(tiled):
-    """The adapter-level law behind the prefix cache: a 300-token prompt prefilled whole (tiles up to 256,
-    its last 44 tokens per-row), then a 400-token prompt sharing those 300 -- keeping what `reusable` allows
-    and prefilling the rest writes the KV a cold prefill of the 400 writes; keeping all 300 does not
-    (positions 256-299 were computed per-row, a cold prefill tiles them), which shows the check can fail."""
+    """The adapter-level law behind the prefix cache: a 300-token prompt prefilled (one tiled run) and 40
+    tokens decoded after it (per-row), then a 400-token prompt sharing those 340, with no assistant turn:
+    keeping what `reusable` allows (the 300) and prefilling the rest writes the KV a cold prefill of the
+    400 writes; keeping all 340 does not (a cold prefill tiles positions 300-339), which shows the check
+    can fail."""
     import torch
 
     lm = tiled.target
-    ids = torch.randint(0, lm.vocab_size, (400,), generator=torch.Generator().manual_seed(1)).tolist()
+    ids = torch.randint(3, lm.vocab_size, (400,), generator=torch.Generator().manual_seed(1)).tolist()
+    cold = kv_after(lm, ids)
+    assert kv_after(lm, ids, 300, 40) == cold
+    assert kv_after(lm, ids, 300, 40, keep=340) != cold, "per-row and tiled positions 300-339 wrote the same bytes: the test is blind here"
 
-    def kv_after(keep: int | None) -> bytes:
-        lm.reset()
-        if keep is None:
-            lm.prefill(torch.tensor([ids]))
-        else:
-            lm.prefill(torch.tensor([ids[:300]]))
-            lm.truncate(keep)
-            lm.prefill(torch.tensor([ids[keep:]]))
-        kv = bytes(lm.snapshot_prefix(len(ids))[0][0])
-        lm.reset()
-        return kv
 
-    cold, kept = kv_after(None), lm.reusable(300, 300, 400)
-    assert kept == 256 and kv_after(kept) == cold
-    assert kv_after(300) != cold, "per-row and tiled positions 256-299 wrote the same bytes: the test is blind here"
+def test_an_answer_decoded_after_its_prompt_is_reused_by_the_next_prompt(tiled):
+    """An agent's step: a prompt ending in the assistant marker is prefilled, its answer decoded one token
+    at a time; the next prompt (that conversation, the end of the turn, a new user turn, the marker)
+    keeps all of it -- the plan computes an assistant turn per-row, as decoding did -- and prefilling the
+    rest writes the KV a cold prefill writes, byte for byte."""
+    import torch
+
+    lm = tiled.target
+    rng = torch.Generator().manual_seed(3)
+    words = lambda n: torch.randint(10, lm.vocab_size, (n,), generator=rng).tolist()  # noqa: E731
+    marker, end = [5, 6, 7], min(lm.eos_token_ids)
+    first = words(250) + marker
+    answer = words(30)
+    following = first + answer + [end] + words(150) + marker
+    old, lm.turn_marker = lm.turn_marker, marker
+    try:
+        state_len = len(first) - 1 + 1 + len(answer) - 1  # the prompt but its last token, then it and the answer decoded (not the last)
+        assert lm.reusable(state_len, SimpleNamespace(kinds=lm.plan(first[:-1]) + bytes(len(answer))), following[:-1]) == state_len
+        assert kv_after(lm, following[:-1], len(first) - 1, len(answer)) == kv_after(lm, following[:-1])
+    finally:
+        lm.turn_marker = old

@@ -49,6 +49,21 @@ def _render(tokenizer, messages: list[dict], tools: list[dict] | None = None) ->
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
+def generation_marker(tokenizer) -> list[int]:
+    """The tokens the chat template puts before an assistant's answer (ChatML: `<|im_start|>assistant\n`):
+    what a generation prompt adds to the same conversation; [] without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    messages = [{"role": "user", "content": "x"}]
+    try:
+        without = tokenizer.encode(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)
+        with_it = tokenizer.encode(_render(tokenizer, messages), add_special_tokens=False)
+    except Exception:  # a template that cannot render without a generation prompt: no marker
+        return []
+    n = next((i for i, (a, b) in enumerate(zip(without, with_it)) if a != b), min(len(without), len(with_it)))
+    return with_it[n:]
+
+
 def encode_prompt(tokenizer, prompt: str | list[dict], chat_template: bool) -> list[int]:
     """A user prompt (or a list of chat messages, which always go through the chat template) -> prompt
     token ids. Through the chat template, message content is never parsed for special tokens; a raw

@@ -13,6 +13,7 @@ import torch
 
 from . import progress
 from .cachedir import file_identity
+from .chat_prompt import generation_marker
 from .device import cpu_label, describe, resolve_device, resolve_dtype
 from .embedded import embedded_model_path
 from .errors import ExactSpecError
@@ -256,6 +257,7 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
         raise ExactSpecError(f"unknown draft {draft!r}: choose one of {', '.join(DRAFT_NAMES)} or a .gguf path")
     target = load_self_tested(path, n_ctx=n_ctx, threads=threads, repack=repack, **llama_kwargs)
     tokenizer = load_tokenizer(path)
+    target.turn_marker = generation_marker(tokenizer)  # assistant turns are prefilled as decoding wrote them
     draft_lm = None
     if draft not in DRAFT_NAMES:
         settings = {k: v for k, v in target.context_kwargs().items() if k not in ("n_ctx", "n_threads", "n_threads_batch")}

@@ -28,9 +28,12 @@ TILED PREFILL (`prefill_tile`, 64 when the self-test keeps llama.cpp's own f16 c
 prompt's prefill runs llama.cpp's fast tiled attention kernel, and every pass that decodes stays on the
 per-row kernel, so decoding is bit-equal however it is split and a cached prefix plus the rest equals a
 fresh prefill. The rules (each tested by the self-test and tests/test_llama_cpp_tiled.py):
-- a prefill from a multiple of the tile computes its whole tiles in passes of whole tiles (tiled kernel:
-  each query row's sums do not depend on the rows beside it); what is left (the prompt's last
-  len % 64 tokens) and every pass with logits go in passes of at most tile - 1 tokens (per-row kernel);
+- a prefill computes each position with the kernel its prompt's plan gives it (prefill_plan.py, a pure
+  function of the tokens): assistant turns (from the chat template's generation marker, `turn_marker`,
+  through the end-of-turn token) and runs shorter than a tile per-row, other runs in passes of at least
+  a tile (tiled kernel: each query row's sums depend neither on the rows beside it nor on where tiles
+  start); every pass with logits goes in passes of at most tile - 1 tokens (per-row kernel). Each row
+  records the kind of each of its cells, so an agent's next prompt reuses its previous answer;
 - a pass of one token in one sequence on more than one thread takes the split-KV kernel in stock
   llama.cpp (`make setup`'s build has it off: scripts/build_llama_cpp.py; the self-test finds which, and
   `pad_steps` follows): it gets a second, throw-away token (a PAD) in an empty sequence (the one-row
@@ -38,8 +41,8 @@ fresh prefill. The rules (each tested by the self-test and tests/test_llama_cpp_
   none is free, after its own token; the pad is removed. With one-token steps on one thread (the
   split-KV kernel with one split is the per-row kernel) no pad is needed;
 - the prefix cache reuses a cached prefix only where both prompts computed it the same way (`reusable`).
-Greedy text then equals our own plain decoding, not llama.cpp's `Llama.generate` (which prefills the
-prompt's last tile-remainder with the tiled kernel).
+Greedy text then equals our own plain decoding, not llama.cpp's `Llama.generate` (which tiles whatever
+a prompt's passes hold).
 
 BATCHED ROWS (rows > 1): the context holds `rows` sequences, row b in sequence b, each in its own KV
 stream (kv_unified off; llama.cpp then splits n_ctx evenly, so n_ctx is rows x the per-row context).
@@ -69,11 +72,13 @@ import os
 import subprocess
 import sys
 import threading
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ..errors import ExactSpecError
+from . import prefill_plan
 
 INSTALL_HINT = "llama-cpp-python is not installed (make setup builds it; or pip install 'exactspec[llamacpp]')"
 DEFAULT_N_CTX = 4096
@@ -183,6 +188,15 @@ def check_gguf_file(path: str) -> None:
             raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
 
 
+class Cells(NamedTuple):
+    """A copy of one row's KV cells (llama.cpp's per-sequence state), with the tokens they hold and the
+    kernel kind that computed each (prefill_plan.py)."""
+
+    buf: object  # ctypes array
+    ids: list[int]
+    kinds: bytes
+
+
 class LlamaCppLM:
     """`CausalLM` over a llama.cpp context holding up to `rows` sequences (row b = sequence b). With
     rows > 1 it is `batched` (see BATCHED ROWS); the one-row methods (`forward`, `prefill`, `truncate`,
@@ -242,7 +256,11 @@ class LlamaCppLM:
         # differ in their last bits at long contexts (seen at ~500 tokens, where it flipped a greedy choice
         # of the next agent step); with a q8_0-K cache they were equal here, byte for byte.
         self.cache_generated_kv = False
+        self.turn_marker: list[int] = []  # the chat template's generation prompt, tokens (prefill_plan.py)
         self._lengths = [0]  # [B] cached positions of each live row
+        self._ids: list[list[int]] = [[]]  # [B] each row's tokens ...
+        self._kinds: list[bytearray] = [bytearray()]  # ... and the kernel kind that computed each (prefill_plan)
+        self._plans: dict[int, bytearray] = {}  # a joining row's kinds still to prefill (open_row)
         self.reset()
 
     def context_kwargs(self, n_ctx: int | None = None) -> dict:
@@ -253,28 +271,29 @@ class LlamaCppLM:
     @property
     def chunked_prefill(self) -> bool:
         """open_row / extend_row / copy_row: a joining prompt prefilled in chunks between decode steps
-        (BatchDecoder's prefill budget) -- while rows are batched; chunks are cut at multiples of
-        `prefill_quantum`, and the self-test's verdict (blocks equal one-token steps) covers the rest."""
+        (BatchDecoder's prefill budget) -- while rows are batched; `prefill_chunk` cuts the chunks, and the
+        self-test's verdict (blocks equal one-token steps) covers the rest."""
         return self.batched
 
-    @property
-    def prefill_quantum(self) -> int:
-        """Prefill chunks are whole multiples of this many tokens: the tile (TILED PREFILL: so a chunked
-        prefill computes what a whole one does), else 1 (any split is the same computation)."""
-        return self.prefill_tile or 1
+    def plan(self, ids: list[int]) -> bytearray:
+        """The kernel kind of each position of a prefill of `ids` (TILED PREFILL; prefill_plan.kinds)."""
+        return prefill_plan.kinds(ids, self.turn_marker, self.eos_token_ids, self.prefill_tile)
 
-    def reusable(self, common: int, prefilled: int, total: int) -> int:
-        """How many of `common` cached positions a prompt may reuse, where the cached row prefilled its
-        first `prefilled` positions and the prompt will prefill `total`: all of them, unless TILED PREFILL
-        computed some of them another way than a fresh prefill of this prompt would (the tiles each
-        prompt covers whole differ), then those up to a whole tile both computed alike."""
-        tile = self.prefill_tile
-        if not tile:
+    def reusable(self, common: int, state, ids: list[int]) -> int:
+        """How many of `common` positions a `snapshot_prefix` state shares with a prefill of `ids` that
+        prefill may keep: all of them, unless TILED PREFILL computed some of them with another kernel than
+        a cold prefill of `ids` would (prefill_plan.reusable)."""
+        if not self.prefill_tile:
             return common
-        cached, fresh = prefilled // tile * tile, total // tile * tile  # where each one's tiled part ends
-        if cached == fresh and common >= fresh:
-            return common
-        return min(common // tile * tile, cached, fresh)
+        return prefill_plan.reusable(state.kinds, self.plan(ids), common, self.prefill_tile)
+
+    def prefill_chunk(self, seq: int, want: int) -> int:
+        """How many of joining row `seq`'s tokens to prefill now, about `want`: with TILED PREFILL a cut
+        that keeps every position's kernel (prefill_plan.chunk); else ending at a multiple of n_ubatch
+        where it can (whole compute steps)."""
+        if self.prefill_tile:
+            return prefill_plan.chunk(self._plans[seq], want, self.prefill_tile)
+        return want - want % self.n_ubatch if want >= self.n_ubatch else max(1, want)
 
     def set_single_threads(self, n: int) -> None:
         """Threads of one-token steps (blocks keep `threads`): see llama_cpp_numerics.py."""
@@ -303,6 +322,7 @@ class LlamaCppLM:
         # context; freed cells are never read, as after any rollback
         self._lib.llama_memory_clear(self.memory, False)
         self._lengths = [0] * batch
+        self._ids, self._kinds, self._plans = [[] for _ in range(batch)], [bytearray() for _ in range(batch)], {}
         self.llama.n_tokens = 0  # the high-level Llama object must not reuse a "cached prefix" it did not write
 
     def _clear(self, seq: int) -> None:
@@ -315,6 +335,7 @@ class LlamaCppLM:
             if not self._lib.llama_memory_seq_rm(self.memory, seq, length, -1):
                 raise ExactSpecError("llama.cpp cannot roll back this model's memory (recurrent model?)")
             self._lengths[seq] = length
+            del self._ids[seq][length:], self._kinds[seq][length:]
 
     def truncate(self, length: int) -> None:
         self._truncate(0, length)
@@ -324,24 +345,25 @@ class LlamaCppLM:
         for seq, length in enumerate(lengths):
             self._truncate(seq, int(length))
 
-    def _state(self, seq: int):
-        """A copy of sequence `seq`'s cells (llama.cpp's per-sequence state: its used cells only)."""
+    def _state(self, seq: int) -> Cells:
+        """A copy of sequence `seq`'s cells (llama.cpp's per-sequence state: its used cells only), its
+        tokens and their kinds."""
         size = self._lib.llama_state_seq_get_size(self.ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         written = self._lib.llama_state_seq_get_data(self.ctx, buf, size, seq)
         if written != size:
             raise ExactSpecError(f"llama.cpp wrote {written} of {size} bytes of its sequence state")
-        return buf
+        return Cells(buf, list(self._ids[seq]), bytes(self._kinds[seq]))
 
-    def _set_state(self, seq: int, buf, length: int) -> None:
-        """Sequence `seq` holds exactly the `length` positions of a `_state` copy (laid out from its
-        first cell, as a prefill of them would be)."""
+    def _set_state(self, seq: int, cells: Cells) -> None:
+        """Sequence `seq` holds exactly the positions of a `_state` copy (laid out from its first cell, as
+        a prefill of them would be)."""
         self._clear(seq)
-        self._lengths[seq] = 0
-        if not self._lib.llama_state_seq_set_data(self.ctx, buf, len(buf), seq):
+        self._lengths[seq], self._ids[seq], self._kinds[seq] = 0, [], bytearray()
+        if not self._lib.llama_state_seq_set_data(self.ctx, cells.buf, len(cells.buf), seq):
             self._clear(seq)
             raise ExactSpecError("llama.cpp could not restore a sequence's cache (context full?)")
-        self._lengths[seq] = length
+        self._lengths[seq], self._ids[seq], self._kinds[seq] = len(cells.ids), list(cells.ids), bytearray(cells.kinds)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep (or repeat) the given rows [B'], in that order: rows that change sequence are copied
@@ -350,13 +372,15 @@ class LlamaCppLM:
         self._room(len(rows))
         moves = [(seq, src) for seq, src in enumerate(rows) if src != seq]
         states = {src: self._state(src) for src in {src for _, src in moves}}
-        lengths = [self._lengths[src] for src in rows]
-        self._lengths += [0] * (len(rows) - len(self._lengths))
+        grow = len(rows) - len(self._lengths)
+        self._lengths += [0] * grow
+        self._ids += [[] for _ in range(grow)]
+        self._kinds += [bytearray() for _ in range(grow)]
         for seq, src in moves:
-            self._set_state(seq, states[src], lengths[seq])
+            self._set_state(seq, states[src])
         for seq in range(len(rows), len(self._lengths)):
             self._clear(seq)
-        self._lengths = lengths
+        del self._lengths[len(rows):], self._ids[len(rows):], self._kinds[len(rows):]
 
     def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
         """Append `copies` rows holding prompt_ids[:-1]: the first is prefilled (through the prefix cache,
@@ -380,6 +404,8 @@ class LlamaCppLM:
         seq = self.batch_size
         self._room(seq + copies)
         self._lengths.append(0)
+        self._ids.append([])
+        self._kinds.append(bytearray())
         row, ids = _Row(self, seq), prompt_ids[:-1]
         try:
             cache = self.prefix_cache
@@ -387,12 +413,18 @@ class LlamaCppLM:
         except BaseException:
             self.drop_rows(seq)
             raise
+        if self.prefill_tile:
+            self._plans[seq] = self.plan(ids)[reused:]
         return reused, ids[reused:]
 
     def extend_row(self, seq: int, ids: list[int]) -> None:
-        """Prefill `ids` into row `seq` (no logits): a whole prompt, or one chunk of it."""
+        """Prefill `ids` into row `seq` (no logits): a whole prompt, or one chunk of it (the next
+        `prefill_chunk` tokens of an `open_row` prompt)."""
         if ids:
-            self._decode(seq, ids, None)
+            plan = self._plans.get(seq)
+            if plan is not None:
+                plan, self._plans[seq] = plan[:len(ids)], plan[len(ids):]
+            self._decode(seq, ids, None, plan)
 
     def copy_row(self, seq: int, copies: int) -> None:
         """Append `copies` rows holding row `seq`'s cells (a request's n samples share one prefill)."""
@@ -400,38 +432,40 @@ class LlamaCppLM:
             state = self._state(seq)
             for _ in range(copies):
                 self._lengths.append(0)
-                self._set_state(len(self._lengths) - 1, state, self._lengths[seq])
+                self._ids.append([])
+                self._kinds.append(bytearray())
+                self._set_state(len(self._lengths) - 1, state)
 
     def drop_rows(self, first: int) -> None:
         """Forget rows `first`.. (a joining row that failed or left before its prefill ended)."""
         for extra in range(first, len(self._lengths)):
             self._clear(extra)
-        del self._lengths[first:]
+            self._plans.pop(extra, None)
+        del self._lengths[first:], self._ids[first:], self._kinds[first:]
 
-    def save_cache(self) -> list:
+    def save_cache(self) -> list[Cells]:
         """Every row's cells, for `restore_cache` after the context was used for something else."""
-        return [(self._state(seq), length) for seq, length in enumerate(self._lengths)]
+        return [self._state(seq) for seq in range(self.batch_size)]
 
-    def restore_cache(self, saved: list) -> None:
+    def restore_cache(self, saved: list[Cells]) -> None:
         self.reset(len(saved))
-        for seq, (buf, length) in enumerate(saved):
-            self._set_state(seq, buf, length)
+        for seq, cells in enumerate(saved):
+            self._set_state(seq, cells)
 
-    def snapshot_prefix(self, length: int, row: int = 0) -> tuple[tuple[object, int], int]:
+    def snapshot_prefix(self, length: int, row: int = 0) -> tuple[Cells, int]:
         """A copy of row `row`'s first `length` cached positions and its size in bytes, for the prefix
         cache. Rolls that row back to `length` first: call it when the row leaves."""
         self._truncate(row, length)
-        buf = self._state(row)
-        return (buf, length), len(buf)
+        cells = self._state(row)
+        return cells, len(cells.buf)
 
-    def restore_prefix(self, state: tuple[object, int], length: int) -> None:
+    def restore_prefix(self, state: Cells, length: int) -> None:
         """A one-row cache holding the first `length` positions of a `snapshot_prefix` state."""
         self.reset()
         self._restore(0, state, length)
 
-    def _restore(self, seq: int, state: tuple[object, int], length: int) -> None:
-        buf, stored = state
-        self._set_state(seq, buf, stored)
+    def _restore(self, seq: int, state: Cells, length: int) -> None:
+        self._set_state(seq, state)
         self._truncate(seq, length)
 
     # --- forward -----------------------------------------------------------------------------
@@ -532,8 +566,11 @@ class LlamaCppLM:
         self._run(n + (pad is not None), starts)
         if pad is not None:
             self._lib.llama_memory_seq_rm(self.memory, pad[0], pad[1], -1)
+        kind = prefill_plan.TILED if self.prefill_tile and len(parts[0][1]) >= self.prefill_tile else prefill_plan.ROW
         for seq, ids in parts:
             self._lengths[seq] += len(ids)
+            self._ids[seq] += ids
+            self._kinds[seq] += bytes([kind]) * len(ids)
         if read is not None:
             return read(np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx), shape=(n, self.vocab_size)))
         return None
@@ -558,28 +595,32 @@ class LlamaCppLM:
                 self._lib.llama_memory_seq_rm(self.memory, seq, start, -1)
             raise ExactSpecError(f"llama_decode failed (code {rc}) at position {min(s for _, s in starts)}")
 
-    def _decode(self, seq: int, ids: list[int], read) -> list:
+    def _decode(self, seq: int, ids: list[int], read, plan: bytes | None = None) -> list:
         """Append `ids` to row `seq` in passes of `_pieces`. `read(logits [n, V])` gets each pass's
-        logits in place, before the next one overwrites them; -> its results (none if `read` is None)."""
+        logits in place, before the next one overwrites them; -> its results (none if `read` is None).
+        `plan`: the kinds of a prefill's positions (default: its row's tokens and `ids` as one prompt)."""
         if self._lengths[seq] + len(ids) > self.max_length:
             raise ExactSpecError(f"context length {self._lengths[seq] + len(ids)} exceeds the model's {self.max_length} tokens")
         out, start = [], 0
-        for size in self._pieces(self._lengths[seq], len(ids), read is None):
+        for size in self._pieces(seq, ids, read is None, plan):
             result = self._pass([(seq, ids[start:start + size])], read)
             if read is not None:
                 out.append(result)
             start += size
         return out
 
-    def _pieces(self, length: int, k: int, prefill: bool) -> list[int]:
-        """Pass sizes for k tokens appended at `length`: n_batch at a time; with TILED PREFILL, a prefill
-        from a tile boundary first takes its whole tiles (whole tiles per pass), then everything goes in
+    def _pieces(self, seq: int, ids: list[int], prefill: bool, plan: bytes | None = None) -> list[int]:
+        """Pass sizes for `ids` appended to row `seq`: n_batch at a time; with TILED PREFILL, a prefill
+        by its plan (prefill_plan.pieces: whole tiles per pass for TILED runs), anything with logits in
         passes of at most tile - 1 tokens (the per-row kernel)."""
         tile = self.prefill_tile
         if not tile:
-            return _split(k, self.n_batch)
-        tiled = (length + k) // tile * tile - length if prefill and length % tile == 0 else 0
-        return _split(tiled, min(self.n_batch, self.n_ubatch) // tile * tile) + _split(k - tiled, tile - 1)
+            return _split(len(ids), self.n_batch)
+        if not prefill:
+            return _split(len(ids), tile - 1)
+        if plan is None:
+            plan = self.plan(self._ids[seq] + ids)[self._lengths[seq]:]
+        return [n for n, _ in prefill_plan.pieces(plan, min(self.n_batch, self.n_ubatch) // tile * tile, tile)]
 
     def close(self) -> None:
         if getattr(self, "batch", None) is not None:
@@ -626,13 +667,13 @@ class _Row:
 
     def reset(self) -> None:
         self.lm._clear(self.seq)
-        self.lm._lengths[self.seq] = 0
+        self.lm._lengths[self.seq], self.lm._ids[self.seq], self.lm._kinds[self.seq] = 0, [], bytearray()
 
-    def restore_prefix(self, state: tuple[object, int], length: int) -> None:
+    def restore_prefix(self, state: Cells, length: int) -> None:
         self.lm._restore(self.seq, state, length)
 
-    def reusable(self, common: int, prefilled: int, total: int) -> int:
-        return self.lm.reusable(common, prefilled, total)
+    def reusable(self, common: int, state: Cells, ids: list[int]) -> int:
+        return self.lm.reusable(common, state, ids)
 
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

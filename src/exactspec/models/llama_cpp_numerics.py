@@ -42,7 +42,7 @@ import torch
 from .. import progress
 from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 
-VERSION = 10  # bump when the test changes: old cache entries are then ignored
+VERSION = 11  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
 GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
@@ -53,7 +53,7 @@ PROMPT, STEPS = 2048, 1024
 MEASURED = 1024  # prompt tokens the self-test prefills (PROMPT's time is extrapolated from its two halves)
 SHALLOW = 32  # one-token steps timed from an empty context (a chat's answer), beside those at MEASURED
 TILE = 64  # llama.cpp's flash-attention query tile (GGML_FA_TILE_Q): 64+ query rows take the tiled kernel
-SPLIT = 3 * TILE + 10  # tokens of the prefix-plus-rest check: a tile, then two more and a remainder
+SPLIT = 3 * TILE + 10  # tokens of the prefix-plus-rest check: 101, then 101 more (tiles start off the grid)
 
 
 @dataclass(frozen=True)
@@ -148,15 +148,15 @@ def prefill_seconds(pieces: list[tuple[int, float]], prompt: int) -> float:
 
 
 def prefix_vs_whole(lm, ids: list[int]) -> bool:
-    """Whether the KV of ids prefilled at once equals, byte for byte, that of a prefill of ids[:TILE]
-    followed by one of the rest (a prefix cache hit at a tile boundary, then the prompt's new part).
-    The adapter is reset."""
+    """Whether the KV of ids prefilled at once equals, byte for byte, that of a prefill of its first half
+    followed by one of the rest (a prefix cache hit, then the prompt's new part): with TILED PREFILL both
+    halves are tiled, the second's tiles starting off the first's grid. The adapter is reset."""
     lm.reset()
     lm.prefill(torch.tensor([ids]))
     whole = bytes(lm.snapshot_prefix(len(ids))[0][0])
     lm.reset()
-    lm.prefill(torch.tensor([ids[:TILE]]))
-    lm.prefill(torch.tensor([ids[TILE:]]))
+    lm.prefill(torch.tensor([ids[:len(ids) // 2]]))
+    lm.prefill(torch.tensor([ids[len(ids) // 2:]]))
     parts = bytes(lm.snapshot_prefix(len(ids))[0][0])
     lm.reset()
     return whole == parts

@@ -17,8 +17,8 @@ Adapters opt in with two methods and an attribute (consulted on prefill, see `pr
     snapshot_prefix(length, row=0) -> (state, nbytes)   # a copy of row's KV for positions [0, length)
     restore_prefix(state, length) -> None               # a one-row cache holding state's first `length` positions
     prefix_cache: PrefixCache | None
-and, where a prefill's numerics depend on how much of the prompt it covers (llama.cpp's TILED PREFILL),
-    reusable(common, prefilled, total) -> int           # how much of a match computed alike may be reused
+and, where a prefill's numerics depend on the prompt it is part of (llama.cpp's TILED PREFILL),
+    reusable(common, state, ids) -> int                 # how much of a match computed alike may be reused
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ class Entry:
     ids: list[int]  # the tokens whose KV `state` holds, in order
     state: object
     nbytes: int
-    prefilled: int  # how many of them a prompt's prefill computed (the rest: decode steps)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -97,7 +96,7 @@ class PrefixCache:
             self.lookups += 1
             key, n = self.match(ids)
             if key is not None and hasattr(target, "reusable"):
-                n = target.reusable(n, self.entries[key].prefilled, len(ids))
+                n = target.reusable(n, self.entries[key].state, ids)
             state = None
             if key is not None and n >= self.min_tokens:
                 self.entries.move_to_end(key)
@@ -113,9 +112,9 @@ class PrefixCache:
             target.reset()
         return n
 
-    def save(self, target, ids: list[int], row: int = 0, prefilled: int | None = None) -> None:
-        """Keep a copy of `target`'s KV for `ids` (its row `row` holds them at positions [0, len(ids)),
-        the first `prefilled` (default: all) computed by a prompt's prefill). Entries that are a prefix of `ids` are superseded and dropped; nothing is copied when `ids` is a
+    def save(self, target, ids: list[int], row: int = 0) -> None:
+        """Keep a copy of `target`'s KV for `ids` (its row `row` holds them at positions [0, len(ids))).
+        Entries that are a prefix of `ids` are superseded and dropped; nothing is copied when `ids` is a
         prefix of an entry already kept."""
         if len(ids) < self.min_tokens or self.budget == 0:
             return
@@ -131,7 +130,7 @@ class PrefixCache:
         if nbytes > self.budget:
             return
         with self._lock:
-            self.entries[self._next_key] = Entry(list(ids), state, nbytes, len(ids) if prefilled is None else prefilled)
+            self.entries[self._next_key] = Entry(list(ids), state, nbytes)
             self._next_key += 1
             self.used += nbytes
             while self.used > self.budget:
@@ -176,4 +175,4 @@ def remember(target, context: list[int], prompt_length: int, row: int = 0, cache
     held = target.length if cached is None else cached
     if not getattr(target, "cache_generated_kv", True):
         held = min(held, prompt_length - 1)
-    cache.save(target, context[: min(held, len(context))], row, prompt_length - 1)
+    cache.save(target, context[: min(held, len(context))], row)

@@ -131,11 +131,10 @@ class BatchDecoder:
     def _prefill_joining(self, budget: int | None) -> None:
         """Prefill up to `budget` prompt tokens of the joining requests, oldest first (None: all). A
         request whose prompt is complete gets its samples' copies and starts decoding; one whose prefill
-        fails leaves with the error (the next `step` yields its rows), the other rows untouched. Chunks
-        are whole multiples of the target's `prefill_quantum` (at least one), so they compute what a
-        whole prefill does, and end at a multiple of its n_ubatch where they can (whole compute steps)."""
-        spent, quantum = 0, getattr(self.target, "prefill_quantum", 1)
-        ubatch = getattr(self.target, "n_ubatch", 1)
+        fails leaves with the error (the next `step` yields its rows), the other rows untouched. The
+        target cuts each chunk (`prefill_chunk`), so that a prefill in chunks computes what a whole one
+        does."""
+        spent = 0
         while self.joining and (budget is None or spent < budget):
             j, seq = self.joining[0], len(self.rows)
             t0 = time.perf_counter()
@@ -147,8 +146,7 @@ class BatchDecoder:
                         row.stats.prefill_tokens += len(j.rest)
                 take = len(j.rest) if budget is None else min(len(j.rest), budget - spent)
                 if take < len(j.rest):
-                    take = min(len(j.rest), max(quantum, take - take % quantum))
-                    take -= take % ubatch if take >= ubatch else 0
+                    take = self.target.prefill_chunk(seq, take)
                 self.target.extend_row(seq, j.rest[:take])
                 j.rest, spent = j.rest[take:], spent + take
                 if not j.rest:
