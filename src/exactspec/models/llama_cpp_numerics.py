@@ -42,7 +42,7 @@ import torch
 from .. import progress
 from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 
-VERSION = 11  # bump when the test changes: old cache entries are then ignored
+VERSION = 12  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
 GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
@@ -279,16 +279,16 @@ def rows_vs_alone(lm) -> float:
 
 
 def steps_write_prefill_kv(lm) -> bool:
-    """Whether the KV cells that one-token steps write equal, byte for byte, those a prefill of the same
-    tokens writes (after a CONTEXT-token prefill, LONG more tokens, prefilled as a prompt's new part
-    would be): then the prefix cache may keep a generation's KV, not only its prompt's
-    (`cache_generated_kv`; `reusable` says where a later prompt computes those positions alike). The
-    adapter is reset."""
+    """Whether the KV cells that one-token steps write equal, byte for byte, those a pass of many tokens
+    writes (after a CONTEXT-token prefill, LONG more tokens in the passes the adapter gives a block:
+    with TILED PREFILL the per-row kernel's, which a later prompt's plan gives an assistant turn): then
+    the prefix cache may keep a generation's KV, not only its prompt's (`cache_generated_kv`; `reusable`
+    says where a later prompt computes those positions alike). The adapter is reset."""
     context = max(1, min(CONTEXT, lm.max_length - LONG - 1))
     ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(2)).tolist()
     lm.reset()
     lm.prefill(torch.tensor([ids[:context]]))
-    lm.prefill(torch.tensor([ids[context:]]))
+    lm.forward(torch.tensor([ids[context:]]))
     prefilled = bytes(lm.snapshot_prefix(len(ids))[0][0])
     lm.reset()
     lm.prefill(torch.tensor([ids[:context]]))
