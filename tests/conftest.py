@@ -66,11 +66,12 @@ def prefix_cached(engine, budget_mb: float = 64) -> Iterator[None]:
         engine.set_prefix_cache(None)
 
 
-def whole_tiles(engine, n: int) -> int:
-    """The reuse a prompt is sure of when n positions it shares with a cached one are reusable: n, or
-    where llama.cpp's TILED PREFILL tiles the new prompt beyond them, n down to a whole tile."""
+def surely_reused(engine, n: int) -> int:
+    """The reuse a prompt is sure of when n positions it shares with a cached one were computed alike: n,
+    or with llama.cpp's TILED PREFILL n less at most a tile but one (where a tiled run goes on past them,
+    its last tile is left to compute: prefill_plan.reusable)."""
     tile = getattr(engine.target, "prefill_tile", 0)
-    return n // tile * tile if tile else n
+    return max(0, n - tile + 1) if tile else n
 
 
 @pytest.fixture(scope="session")

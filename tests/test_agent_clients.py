@@ -149,7 +149,8 @@ def test_langchain_bind_tools_loop(api):
     llm = ChatOpenAI(base_url=f"{api.base}/v1", api_key="unused", model=MODEL, temperature=0, max_tokens=32,
                      max_retries=0, timeout=60)
     messages = [HumanMessage(QUESTION)]
-    step = llm.bind_tools([get_forecast], tool_choice="required").invoke(messages)
+    # strict: the arguments' object is closed, so a tiny model cannot run on into keys of its own
+    step = llm.bind_tools([get_forecast], tool_choice="required", strict=True).invoke(messages)
     assert isinstance(step, AIMessage) and step.response_metadata["finish_reason"] == "tool_calls", step
     assert [c["name"] for c in step.tool_calls] == ["get_forecast"] and not step.invalid_tool_calls
     messages.append(step)

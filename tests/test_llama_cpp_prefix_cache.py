@@ -11,7 +11,7 @@ llama_cpp = need("llama_cpp")
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402
 
-from .conftest import prefix_cached, whole_tiles  # noqa: E402
+from .conftest import prefix_cached, surely_reused  # noqa: E402
 
 SYSTEM = "You are an agent. Tools: search(q), read(url). Reply with a JSON tool call or a short summary."
 TOOL = ['search: {"hits": ["Paris is the capital of France", "Lyon is a city"]}', "read: Paris has 2.1 million people."]
@@ -46,7 +46,7 @@ def test_cached_equals_uncached_on_llama_cpp(engine, params, gamma):
     assert cached == plain == again
     first = again_stats[0].cached_tokens + again_stats[0].prefill_tokens  # the first step's prompt but its last token
     if first >= engine.target.prefill_tile:  # tiled: a prompt under one tile reuses none of a longer one's
-        assert again_stats[0].cached_tokens >= max(1, whole_tiles(engine, first))
+        assert again_stats[0].cached_tokens >= max(1, surely_reused(engine, first))
     if not engine.target.prefill_tile:  # tiled: a short first prompt's positions are re-tiled by the second
         assert stats[1].cached_tokens > 0
     assert all(s.cached_tokens + s.prefill_tokens > 0 for s in stats)
@@ -66,9 +66,7 @@ def test_agent_steps_over_long_history_equal_uncached(engine):
     greedy = SamplingParams(temperature=0)
     steps = replay(exactspec_agent_method(engine, None, 0, 32), workload, transcript, greedy, 24, 0, steps=2)
     assert steps[0].cached_tokens == 0
-    if engine.target.prefill_tile:  # the first step's prompt up to its last whole tile (the next one tiles on)
-        assert steps[1].cached_tokens == whole_tiles(engine, steps[0].prompt_tokens - 1)
-    elif engine.target.cache_generated_kv:  # the first step's prompt and (some of) its answer
+    if engine.target.cache_generated_kv:  # the first step's prompt and (some of) its answer
         assert steps[1].cached_tokens > steps[0].prompt_tokens - 1
     else:
         assert steps[1].cached_tokens == steps[0].prompt_tokens - 1  # the first step's prompt

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from .conftest import prefix_cached, whole_tiles
+from .conftest import prefix_cached, surely_reused
 from .test_server import CHAT, MODEL, _running, metric
 
 SYSTEM = ("You are a careful agent. Tools: search(query) returns documents; read(url) returns a page; "
@@ -53,7 +53,7 @@ def test_agent_turns_reuse_the_history_and_equal_uncached(cached_server):
     assert second.choices[0].message.content == refs.second.text
     cached = second.usage.prompt_tokens_details.cached_tokens
     # the history (system, first question, the answer as the template renders it) came from the cache
-    assert whole_tiles(refs.engine, len(refs.first.prompt_token_ids) - 1) <= cached < second.usage.prompt_tokens
+    assert surely_reused(refs.engine, len(refs.first.prompt_token_ids) - 1) <= cached < second.usage.prompt_tokens
     sampled = client.chat.completions.create(model=MODEL, messages=conversation(refs.turns), max_tokens=10,
                                              temperature=1.0, seed=3)
     assert sampled.choices[0].message.content == refs.sampled.text
@@ -83,4 +83,4 @@ def test_concurrent_requests_sharing_a_system_prompt(cached_server):
     system_tokens = len(refs.first.prompt_token_ids) - 20  # the system prompt (and template header), at least
     for i, r in enumerate(results):
         assert r["choices"][0]["message"]["content"] == refs.users[i].text
-        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= whole_tiles(refs.engine, system_tokens)  # earlier turns cached it
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= surely_reused(refs.engine, system_tokens)  # earlier turns cached it

@@ -421,10 +421,10 @@ class LlamaCppLM:
         """Prefill `ids` into row `seq` (no logits): a whole prompt, or one chunk of it (the next
         `prefill_chunk` tokens of an `open_row` prompt)."""
         if ids:
-            plan = self._plans.get(seq)
-            if plan is not None:
+            plan = self._plans.pop(seq, None)
+            if plan is not None and len(plan) > len(ids):
                 plan, self._plans[seq] = plan[:len(ids)], plan[len(ids):]
-            self._decode(seq, ids, None, plan)
+            self._decode(seq, ids, None, plan if plan is not None and len(plan) == len(ids) else None)
 
     def copy_row(self, seq: int, copies: int) -> None:
         """Append `copies` rows holding row `seq`'s cells (a request's n samples share one prefill)."""
