@@ -12,14 +12,14 @@ Why (ggml's CPU flash attention, ggml-cpu/ops.cpp, as vendored by llama-cpp-pyth
   q8_0 every pass runs the per-row kernel: steps on every thread and blocks of any size agree (measured
   here to 1200 tokens, blocks of 8 and 70, n_ubatch 512).
 The candidates, in order: a q8_0-K cache and a bf16 cache on all threads, n_ubatch 512 (per-row kernel
-everywhere); llama.cpp's own f16 cache and kernels with TILED PREFILL (llama_cpp.py: prompts prefilled in
-whole 64-token tiles by the tiled kernel, decode passes kept under 64 rows, n_ubatch 512), one-token
+everywhere); llama.cpp's own f16 cache and kernels with TILED PREFILL (llama_cpp.py, prefill_plan.py: runs
+of 64+ prompt tokens by the tiled kernel, assistant turns and decode passes under 64 rows, n_ubatch 512), one-token
 steps as they are (bit-exact where llama.cpp was built without the split path: `make setup` builds it
 so, scripts/build_llama_cpp.py), else kept off the split path by a pad; the f16 cache with one-token
 steps on ONE thread and no tiles (n_ubatch 32). (Tiles with one-thread steps and no pad measured well
 here, and lost across the peer bench on a Zen 5: the whole step then runs on one core.) Each is
 tested: after a MEASURED-token prefill (capped by the context), blocks of BLOCK and LONG tokens against
-the same tokens one at a time, and the KV of a prefill from a whole tile on equal to one prefill of the
+the same tokens one at a time, and the KV of a prefill of half a prompt, then the rest, equal to one prefill of the
 whole (what the prefix cache relies on). Of those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill,
 extrapolated from the two halves of the measured one, and STEPS one-token steps, priced by the mean of
 the medians of steps near the start and at MEASURED tokens) is kept; an earlier one within 3% wins (the
@@ -75,7 +75,7 @@ class Setting:
 
     def describe(self, threads: int) -> str:
         steps = threads if self.single_threads == 0 else self.single_threads
-        tiled = f", prompts prefilled in whole {self.prefill_tile}-token tiles" if self.prefill_tile else ""
+        tiled = f", prompts prefilled in {self.prefill_tile}-row tiles (assistant turns per row)" if self.prefill_tile else ""
         tiled += ", lone tokens padded" if self.prefill_tile and self.pad and steps > 1 else ""
         return f"{self.type_k}/{self.type_v} KV cache, one-token steps on {steps} thread(s), n_ubatch {self.n_ubatch}{tiled}"
 
@@ -350,5 +350,7 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
         if diff != 0.0:
             lm.batched = lm.ragged = False
             lm.identity += f"; rows decode one at a time (a row scored beside others differs by {diff:.3g} here)"
-    lm.cost_key = f"llama.cpp|{file}|{repack}|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}"
+    # T(k) depends on the build and the setting (a pad is a second token per step), not only the context's
+    lm.cost_key = (f"llama.cpp|{_import().__version__}|{file}|{repack}|{json.dumps(verdict.setting.llama_kwargs(), sort_keys=True)}"
+                   f"|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}")
     return lm
