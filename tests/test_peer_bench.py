@@ -86,3 +86,32 @@ def test_bad_peer_options_are_one_line_errors(tmp_path):
         done = subprocess.run([sys.executable, "-m", "exactspec.cli", "bench", *argv], capture_output=True, text=True,
                               timeout=120)
         assert done.returncode != 0 and fragment in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cold_rounds_each_follow_a_fresh_start_and_the_warm_ones_the_last(monkeypatch):
+    """`cold` = 2, 3 rounds: every server started twice; the first start runs one (cold) round, the
+    second a cold round and two warm ones; the rows' order alternates round by round; the cold phase
+    sums the two cold rounds."""
+    servers = [peer.Server("llama-server", [], "llama-server"), peer.Server("exactspec", [], "exactspec")]
+    events = []
+    monkeypatch.setattr(peer, "start", lambda server, workload, log_dir: events.append(("start", server.name)))
+    monkeypatch.setattr(peer, "stop", lambda server: events.append(("stop", server.name)))
+
+    def run(url, workload, extra):
+        name = next(s for s in servers if s.url == url).name
+        events.append(("round", name))
+        seconds = 1.0 if name == "llama-server" else [4.0, 2.0, 1.0, 1.0][sum(e == ("round", name) for e in events) - 1]
+        return peer.Round(seconds, [peer.Call("x", 100, seconds)])
+
+    for i, server in enumerate(servers):
+        server.port = 9000 + i
+    monkeypatch.setattr(peer, "run_workload", run)
+    rows = {(r["phase"], r["method"]): r for r in peer.run_peer_bench(servers, ["chat"], 3, say=lambda _: None, cold=2)}
+    assert events == [("start", "llama-server"), ("start", "exactspec"), ("round", "llama-server"), ("round", "exactspec"),
+                      ("stop", "llama-server"), ("stop", "exactspec"),
+                      ("start", "llama-server"), ("start", "exactspec"), ("round", "exactspec"), ("round", "llama-server"),
+                      ("round", "llama-server"), ("round", "exactspec"), ("round", "exactspec"), ("round", "llama-server"),
+                      ("stop", "llama-server"), ("stop", "exactspec")]
+    assert rows[("cold", "exactspec")]["tokens_per_s"] == 200 / 6.0  # rounds of 4 s and 2 s
+    assert rows[("cold", "exactspec")]["ratio_range"] == [0.25, 0.5]
+    assert rows[("warm", "exactspec")]["tokens_per_s"] == 100.0

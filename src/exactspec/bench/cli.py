@@ -67,6 +67,9 @@ def add_bench_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                             "at a time), join (a long prompt arrives while a chat answer streams: the stream's worst "
                             "gap, the joiner's TTFT) (default %(default)s)")
     bench.add_argument("--peer-args", default="", metavar="ARGS", help="extra llama-server arguments for every row")
+    bench.add_argument("--peer-cold-rounds", type=int, default=1, metavar="N",
+                       help="cold rounds per row, each after a fresh start of every server (default 1; the warm "
+                            "rounds follow the last start: --reps counts the last cold round and them)")
     bench.add_argument("--peer-spec", default=";".join(peer_spec_default()), metavar="FLAGS;...",
                        help="llama-server speculation rows, one per ';'-separated flag set (default: %(default)s; "
                             "'' = none; write --peer-spec='--spec-default' with '=')")
@@ -217,6 +220,8 @@ def _bench_peer(args: argparse.Namespace) -> int:
 
     if not (os.path.isfile(args.peer) and os.access(args.peer, os.X_OK)):
         raise ExactSpecError(f"--peer {args.peer}: not an executable llama-server binary")
+    if args.peer_cold_rounds < 1 or args.reps < 1:
+        raise ExactSpecError(f"--peer-cold-rounds and --reps must be >= 1, got {args.peer_cold_rounds} and {args.reps}")
     workloads = [w for w in args.peer_workloads.split(",") if w]
     for w in workloads:
         if w not in WORKLOADS:
@@ -229,7 +234,7 @@ def _bench_peer(args: argparse.Namespace) -> int:
     say(f"{cpu_label()}, {threads} threads, {environment()}{'; llama-server --no-repack' if no_repack else ''}")
     with tempfile.TemporaryDirectory(prefix="exactspec-peer-") as logs:
         rows = run_peer_bench(servers(args.peer, gguf, threads, spec, shlex.split(args.peer_args), no_repack=no_repack),
-                              workloads, args.reps, log_dir=logs, say=say)
+                              workloads, args.reps, log_dir=logs, say=say, cold=args.peer_cold_rounds)
     report = {"hardware": f"{cpu_label()}, {threads} threads", "environment": environment(),
               "llama_server_no_repack": no_repack, "rows": rows}
     repack = "; llama-server --no-repack (our probe turned repacking off)" if no_repack else ""

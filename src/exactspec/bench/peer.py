@@ -6,8 +6,10 @@ Every row is its OWN server process (llama-server plain, one per `spec` flag set
 environment (printed: OpenMP's waiting policy alone moved llama.cpp 2.5x here). So nothing a row
 cached (prefix cache, drafter store, llama-server's slots) comes from another row or workload:
 
-    cold   round 1: every server sees the workload's requests for the first time
-    warm   rounds 2..n: the same requests again (a replay: prefix caches hold the earlier rounds)
+    cold   round 1: every server sees the workload's requests for the first time (with
+           `cold` > 1, every server is started that many times, one cold round each)
+    warm   the rounds after the last cold one: the same requests again (a replay: prefix caches
+           hold the earlier rounds)
 
 Rounds alternate the rows' order (A B C D, D C B A, ...) so the machine's drift cancels; each ratio
 is computed from the figures printed beside it (tokens / seconds summed over the phase's rounds), and
@@ -276,26 +278,31 @@ def join(url: str, extra: dict, delay_s: float = 0.3) -> list[Call]:
 
 
 def run_peer_bench(servers_: list[Server], workloads: list[str], rounds: int, log_dir: str = ".",
-                   say=print) -> list[dict]:
-    """Per workload: start every server anew, run `rounds` rounds alternating their order, stop them
-    -> the bench's JSON rows (workload, temperature, method, drafter, gamma, tokens_per_s, phase, ...)."""
+                   say=print, cold: int = 1) -> list[dict]:
+    """Per workload: `cold` times, start every server anew and run one round (cold: no request seen
+    before); on the last start, `rounds` - 1 rounds more (warm: a replay). The rows' order alternates
+    round by round; -> the bench's JSON rows (workload, temperature, method, drafter, gamma, tokens_per_s,
+    phase, ...). One cold round is one sample of a VM's drift: `cold` > 1 averages it out."""
     out = []
     for workload in workloads:
         results: dict[str, list[Round]] = {s.name: [] for s in servers_}
-        try:
-            for server in servers_:
-                say(f"{workload}: starting {server.name}: {' '.join(argv_for(server, workload))}")
-                start(server, workload, log_dir)
-            for r in range(rounds):
-                for server in (servers_ if r % 2 == 0 else servers_[::-1]):
-                    done = run_workload(server.url, workload, server.extra)
-                    results[server.name].append(done)
-                    say(f"{workload} round {r + 1}: {server.name}: {done.seconds:.2f} s, "
-                        f"{done.tokens / done.seconds:.1f} tok/s")
-        finally:
-            for server in servers_:
-                stop(server)
-        out += table_rows(servers_, workload, results)
+        k = 0  # rounds run so far
+        for launch in range(cold):
+            try:
+                for server in servers_:
+                    say(f"{workload}: starting {server.name}: {' '.join(argv_for(server, workload))}")
+                    start(server, workload, log_dir)
+                for _ in range(1 if launch < cold - 1 else rounds):
+                    for server in (servers_ if k % 2 == 0 else servers_[::-1]):
+                        done = run_workload(server.url, workload, server.extra)
+                        results[server.name].append(done)
+                        say(f"{workload} round {k + 1} ({'cold' if k < cold else 'warm'}): {server.name}: "
+                            f"{done.seconds:.2f} s, {done.tokens / done.seconds:.1f} tok/s")
+                    k += 1
+            finally:
+                for server in servers_:
+                    stop(server)
+        out += table_rows(servers_, workload, results, cold)
     return out
 
 
@@ -312,11 +319,11 @@ def _phase(rounds: list[Round]) -> dict:
             "step_latency_p90_s": q(latency, 0.9), "ttft_p50_s": q(ttfts, 0.5), "ttft_p90_s": q(ttfts, 0.9)}
 
 
-def table_rows(servers_: list[Server], workload: str, results: dict[str, list[Round]]) -> list[dict]:
-    """Two rows per server (cold: round 1; warm: the rest, when there are more rounds), each ratio from
-    the figures beside it and its spread over the rounds."""
+def table_rows(servers_: list[Server], workload: str, results: dict[str, list[Round]], cold: int = 1) -> list[dict]:
+    """Two rows per server (cold: the first `cold` rounds, each after a fresh start; warm: the rest, when
+    there are more rounds), each ratio from the figures beside it and its spread over the rounds."""
     reference = results["llama-server"]
-    phases = [("cold", slice(0, 1))] + ([("warm", slice(1, None))] if len(reference) > 1 else [])
+    phases = [("cold", slice(0, cold))] + ([("warm", slice(cold, None))] if len(reference) > cold else [])
     out = []
     for phase, rounds in phases:
         ref = _phase(reference[rounds])
