@@ -55,9 +55,8 @@ def _split(n: int, size: int) -> list[int]:
 def pieces(plan: bytes, cap: int, tile: int) -> list[tuple[int, int]]:
     """The passes that compute positions of kinds `plan` in order -> [(positions, kind)]: a TILED run in
     passes of at most `cap` (a multiple of `tile`, 2 tiles or more) and at least `tile` rows, whole tiles
-    but the last; a
-    ROW run, and a TILED one shorter than a tile (a prefill that does not start where a prompt's plan
-    allows: it computes what decoding would), in passes of at most tile - 1."""
+    but the last; a ROW run, and a TILED one shorter than a tile (a prefill that does not start where a
+    prompt's plan allows: it computes what decoding would), in passes of at most tile - 1."""
     out, i = [], 0
     while i < len(plan):
         kind = plan[i]
