@@ -25,7 +25,7 @@ GREEDY = SamplingParams(temperature=0)
 
 
 def pieces(length: int, k: int, prefill: bool, n_batch: int = 512, n_ubatch: int = 512) -> list[int]:
-    lm = SimpleNamespace(prefill_tile=TILE, n_batch=n_batch, n_ubatch=n_ubatch, _ids=[[7] * length], _lengths=[length])
+    lm = SimpleNamespace(prefill_tile=TILE, n_batch=n_batch, n_ubatch=n_ubatch, _ids=[[7] * length])
     lm.plan = lambda ids: prefill_plan.kinds(ids, [1, 5], {2}, TILE)
     return LlamaCppLM._pieces(lm, 0, [7] * (k - 3) + [1, 5, 9], prefill)
 

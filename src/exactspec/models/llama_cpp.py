@@ -257,8 +257,7 @@ class LlamaCppLM:
         # of the next agent step); with a q8_0-K cache they were equal here, byte for byte.
         self.cache_generated_kv = False
         self.turn_marker: list[int] = []  # the chat template's generation prompt, tokens (prefill_plan.py)
-        self._lengths = [0]  # [B] cached positions of each live row
-        self._ids: list[list[int]] = [[]]  # [B] each row's tokens ...
+        self._ids: list[list[int]] = [[]]  # [B] each live row's cached tokens (its length: how many) ...
         self._kinds: list[bytearray] = [bytearray()]  # ... and the kernel kind that computed each (prefill_plan)
         self._plans: dict[int, bytearray] = {}  # a joining row's kinds still to prefill (open_row)
         self.reset()
@@ -303,11 +302,11 @@ class LlamaCppLM:
     # --- cache -------------------------------------------------------------------------------
     @property
     def length(self) -> int:
-        return self._lengths[0]
+        return len(self._ids[0])
 
     @property
     def batch_size(self) -> int:
-        return len(self._lengths)
+        return len(self._ids)
 
     def _room(self, rows: int) -> None:
         if rows > self.max_rows:
@@ -321,7 +320,6 @@ class LlamaCppLM:
         # metadata only: zeroing the buffers (data=True) took 7-10 ms per generation with a 4096-token
         # context; freed cells are never read, as after any rollback
         self._lib.llama_memory_clear(self.memory, False)
-        self._lengths = [0] * batch
         self._ids, self._kinds, self._plans = [[] for _ in range(batch)], [bytearray() for _ in range(batch)], {}
         self.llama.n_tokens = 0  # the high-level Llama object must not reuse a "cached prefix" it did not write
 
@@ -329,12 +327,11 @@ class LlamaCppLM:
         self._lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
 
     def _truncate(self, seq: int, length: int) -> None:
-        if not 0 <= length <= self._lengths[seq]:
-            raise ValueError(f"cannot truncate to {length}: {self._lengths[seq]} tokens cached")
-        if length < self._lengths[seq]:
+        if not 0 <= length <= len(self._ids[seq]):
+            raise ValueError(f"cannot truncate to {length}: {len(self._ids[seq])} tokens cached")
+        if length < len(self._ids[seq]):
             if not self._lib.llama_memory_seq_rm(self.memory, seq, length, -1):
                 raise ExactSpecError("llama.cpp cannot roll back this model's memory (recurrent model?)")
-            self._lengths[seq] = length
             del self._ids[seq][length:], self._kinds[seq][length:]
 
     def truncate(self, length: int) -> None:
@@ -359,11 +356,11 @@ class LlamaCppLM:
         """Sequence `seq` holds exactly the positions of a `_state` copy (laid out from its first cell, as
         a prefill of them would be)."""
         self._clear(seq)
-        self._lengths[seq], self._ids[seq], self._kinds[seq] = 0, [], bytearray()
+        self._ids[seq], self._kinds[seq] = [], bytearray()
         if not self._lib.llama_state_seq_set_data(self.ctx, cells.buf, len(cells.buf), seq):
             self._clear(seq)
             raise ExactSpecError("llama.cpp could not restore a sequence's cache (context full?)")
-        self._lengths[seq], self._ids[seq], self._kinds[seq] = len(cells.ids), list(cells.ids), bytearray(cells.kinds)
+        self._ids[seq], self._kinds[seq] = list(cells.ids), bytearray(cells.kinds)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep (or repeat) the given rows [B'], in that order: rows that change sequence are copied
@@ -372,15 +369,14 @@ class LlamaCppLM:
         self._room(len(rows))
         moves = [(seq, src) for seq, src in enumerate(rows) if src != seq]
         states = {src: self._state(src) for src in {src for _, src in moves}}
-        grow = len(rows) - len(self._lengths)
-        self._lengths += [0] * grow
+        grow = len(rows) - len(self._ids)
         self._ids += [[] for _ in range(grow)]
         self._kinds += [bytearray() for _ in range(grow)]
         for seq, src in moves:
             self._set_state(seq, states[src])
-        for seq in range(len(rows), len(self._lengths)):
+        for seq in range(len(rows), len(self._ids)):
             self._clear(seq)
-        del self._lengths[len(rows):], self._ids[len(rows):], self._kinds[len(rows):]
+        del self._ids[len(rows):], self._kinds[len(rows):]
 
     def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
         """Append `copies` rows holding prompt_ids[:-1]: the first is prefilled (through the prefix cache,
@@ -403,7 +399,6 @@ class LlamaCppLM:
             raise ExactSpecError(f"a prompt of {len(prompt_ids)} tokens cannot join a {self.max_length}-token context")
         seq = self.batch_size
         self._room(seq + copies)
-        self._lengths.append(0)
         self._ids.append([])
         self._kinds.append(bytearray())
         row, ids = _Row(self, seq), prompt_ids[:-1]
@@ -431,17 +426,16 @@ class LlamaCppLM:
         if copies > 0:
             state = self._state(seq)
             for _ in range(copies):
-                self._lengths.append(0)
                 self._ids.append([])
                 self._kinds.append(bytearray())
-                self._set_state(len(self._lengths) - 1, state)
+                self._set_state(len(self._ids) - 1, state)
 
     def drop_rows(self, first: int) -> None:
         """Forget rows `first`.. (a joining row that failed or left before its prefill ended)."""
-        for extra in range(first, len(self._lengths)):
+        for extra in range(first, len(self._ids)):
             self._clear(extra)
             self._plans.pop(extra, None)
-        del self._lengths[first:], self._ids[first:], self._kinds[first:]
+        del self._ids[first:], self._kinds[first:]
 
     def save_cache(self) -> list[Cells]:
         """Every row's cells, for `restore_cache` after the context was used for something else."""
@@ -526,7 +520,7 @@ class LlamaCppLM:
         return found
 
     def _check_room(self, ids: list[list[int]]) -> None:
-        end = max(length + len(row) for length, row in zip(self._lengths, ids))
+        end = max(len(cached) + len(row) for cached, row in zip(self._ids, ids))
         if end > self.max_length:
             raise ExactSpecError(f"context length {end} exceeds the model's {self.max_length} tokens")
 
@@ -551,12 +545,13 @@ class LlamaCppLM:
         [n, V])` (in place, before the next pass overwrites them), or None if `read` is None. A lone
         token gets a PAD (TILED PREFILL), removed again."""
         batch, flag, i = self.batch, int(read is not None), 0
-        for seq, ids in parts:
+        starts = [(seq, len(self._ids[seq])) for seq, _ in parts]
+        for (seq, ids), (_, length) in zip(parts, starts):
             for j, token in enumerate(ids):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, self._lengths[seq] + j, 1
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, length + j, 1
                 batch.seq_id[i][0], batch.logits[i] = seq, flag
                 i += 1
-        n, starts = i, [(seq, self._lengths[seq]) for seq, _ in parts]
+        n = i
         # a lone token on more than one thread would take the split-KV kernel (on one, it is the per-row one)
         pad = self._pad(*starts[0]) if self.pad_steps and self.prefill_tile and n == 1 and self.single_threads > 1 else None
         if pad is not None:
@@ -568,7 +563,6 @@ class LlamaCppLM:
             self._lib.llama_memory_seq_rm(self.memory, pad[0], pad[1], -1)
         kind = prefill_plan.TILED if self.prefill_tile and len(parts[0][1]) >= self.prefill_tile else prefill_plan.ROW
         for seq, ids in parts:
-            self._lengths[seq] += len(ids)
             self._ids[seq] += ids
             self._kinds[seq] += bytes([kind]) * len(ids)
         if read is not None:
@@ -581,7 +575,7 @@ class LlamaCppLM:
         the context has no room for it."""
         if self._spare is not None:
             return self._spare, 0
-        if len(self._lengths) <= seq + 1 < self.max_rows:
+        if len(self._ids) <= seq + 1 < self.max_rows:
             return seq + 1, 0
         return (seq, length + 1) if length + 1 < self.n_ctx_seq else None
 
@@ -599,8 +593,8 @@ class LlamaCppLM:
         """Append `ids` to row `seq` in passes of `_pieces`. `read(logits [n, V])` gets each pass's
         logits in place, before the next one overwrites them; -> its results (none if `read` is None).
         `plan`: the kinds of a prefill's positions (default: its row's tokens and `ids` as one prompt)."""
-        if self._lengths[seq] + len(ids) > self.max_length:
-            raise ExactSpecError(f"context length {self._lengths[seq] + len(ids)} exceeds the model's {self.max_length} tokens")
+        if len(self._ids[seq]) + len(ids) > self.max_length:
+            raise ExactSpecError(f"context length {len(self._ids[seq]) + len(ids)} exceeds the model's {self.max_length} tokens")
         out, start = [], 0
         for size in self._pieces(seq, ids, read is None, plan):
             result = self._pass([(seq, ids[start:start + size])], read)
@@ -619,7 +613,7 @@ class LlamaCppLM:
         if not prefill:
             return _split(len(ids), tile - 1)
         if plan is None:
-            plan = self.plan(self._ids[seq] + ids)[self._lengths[seq]:]
+            plan = self.plan(self._ids[seq] + ids)[len(self._ids[seq]):]
         return [n for n, _ in prefill_plan.pieces(plan, min(self.n_batch, self.n_ubatch) // tile * tile, tile)]
 
     def close(self) -> None:
@@ -667,7 +661,7 @@ class _Row:
 
     def reset(self) -> None:
         self.lm._clear(self.seq)
-        self.lm._lengths[self.seq], self.lm._ids[self.seq], self.lm._kinds[self.seq] = 0, [], bytearray()
+        self.lm._ids[self.seq], self.lm._kinds[self.seq] = [], bytearray()
 
     def restore_prefix(self, state: Cells, length: int) -> None:
         self.lm._restore(self.seq, state, length)
