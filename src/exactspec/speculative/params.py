@@ -10,11 +10,10 @@ from ..errors import ExactSpecError, FieldError
 
 # Prompt tokens the scheduler prefills per iteration while other rows decode (chunked prefill, batching.py):
 # a long prompt joining delays the running streams by about one chunk's prefill, not its whole prompt's.
-# With a per-row attention kernel (a q8_0-K cache) chunks cost no throughput. With TILED PREFILL they do:
-# ggml splits attention rows across threads in chunks that straddle the 64-row tiles, so at a 3k depth a
-# 64-token pass took 0.39 s, ~2.7x per token what 512-token passes took (Zen 5, 2 threads); a joining
-# 3.3k-token prompt's first token then comes ~1.5x later than alone. Growing later chunks to fill 0.5 s
-# did not move it measurably (at depth 64 tokens already take ~0.5 s), so chunks stay fixed.
+# With a per-row attention kernel (a q8_0-K cache) chunks cost no throughput; with TILED PREFILL neither,
+# on make setup's build (its second patch hands ggml's threads whole 64-row tiles: a 3,072-token prompt in
+# 64-token chunks took 9.7 s, in 512-token passes 9.9 s, Zen 5). 128-token chunks got a joining 3.3k-token
+# prompt's first token ~10% sooner but let a running stream's worst gap reach 0.9-1.1 s, so 64 stays.
 PREFILL_CHUNK = 64
 
 VERIFICATIONS = ("token", "block")  # SamplingParams.verification: per draft token, or the block jointly
