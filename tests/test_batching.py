@@ -269,3 +269,22 @@ def test_a_batch_line_field_is_honoured_or_refused(llamacpp_rows, outputs, i):
     _, line, check = CASES[i]
     assert outputs[i]["id"] == f"case{i}"
     check(llamacpp_rows, outputs[i], line)
+
+
+def test_a_joining_prompt_keeps_its_plan_when_a_row_ahead_of_it_leaves(llamacpp_rows):
+    """A running row finishes while a long prompt is being prefilled in chunks behind it: the joining row
+    moves up (select_rows) with what is left of its prefill plan, and decodes what it does alone."""
+    engine = llamacpp_rows
+    prompt = "Summarise: " + " ".join(f"item {i} costs {i * 7 % 13} euros;" for i in range(40))
+    alone = engine.generate(prompt, max_new_tokens=6, chat_template=False, temperature=0, gamma=0)
+    scheduler = Scheduler(engine, prefill_chunk=64)
+    leaving, staying = job(engine, COUNTING, max_new_tokens=2, gamma=0), job(engine, COUNTING, max_new_tokens=40, gamma=0)
+    joiner = job(engine, prompt, max_new_tokens=6, gamma=0)
+    scheduler.admit([[Delivery(leaving, ignore)], [Delivery(staying, ignore)]])
+    scheduler.step()
+    events = []
+    scheduler.admit([[Delivery(joiner, events.append)]])
+    while scheduler.rows:
+        scheduler.step()
+    assert leaving.result.stats.emitted == 2 and len(joiner.result.prompt_token_ids) > 3 * 64  # it left mid-prefill
+    assert events[-1][0] == "done" and joiner.result.token_ids == alone.token_ids, events[-1]

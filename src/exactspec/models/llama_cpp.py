@@ -377,6 +377,7 @@ class LlamaCppLM:
         for seq in range(len(rows), len(self._ids)):
             self._clear(seq)
         del self._ids[len(rows):], self._kinds[len(rows):]
+        self._plans = {seq: self._plans[src] for seq, src in enumerate(rows) if src in self._plans}  # a joining row's rest
 
     def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
         """Append `copies` rows holding prompt_ids[:-1]: the first is prefilled (through the prefix cache,
