@@ -93,7 +93,9 @@ def test_a_prompt_the_prefix_cache_holds_whole_joins_a_running_row(llamacpp_rows
     with prefix_cached(engine):
         scheduler = Scheduler(engine, prefill_chunk=64)
         for k in range(2):  # the first joiner fills the cache, the second finds its whole prompt there
-            running, joiner = job(engine, COUNTING, max_new_tokens=12), job(engine, prompt, max_new_tokens=6)
+            # the running row samples (seeded: the same passes every run), the joiner is greedy, as `alone`
+            running = job(engine, COUNTING, seed=k, max_new_tokens=12)
+            joiner = job(engine, prompt, max_new_tokens=6, temperature=0)
             scheduler.admit([[Delivery(running, ignore)]])
             scheduler.step()
             events = []
@@ -278,8 +280,9 @@ def test_a_joining_prompt_keeps_its_plan_when_a_row_ahead_of_it_leaves(llamacpp_
     prompt = "Summarise: " + " ".join(f"item {i} costs {i * 7 % 13} euros;" for i in range(40))
     alone = engine.generate(prompt, max_new_tokens=6, chat_template=False, temperature=0, gamma=0)
     scheduler = Scheduler(engine, prefill_chunk=64)
-    leaving, staying = job(engine, COUNTING, max_new_tokens=2, gamma=0), job(engine, COUNTING, max_new_tokens=40, gamma=0)
-    joiner = job(engine, prompt, max_new_tokens=6, gamma=0)
+    leaving = job(engine, COUNTING, seed=1, max_new_tokens=2, gamma=0)
+    staying = job(engine, COUNTING, seed=2, max_new_tokens=40, gamma=0)
+    joiner = job(engine, prompt, max_new_tokens=6, gamma=0, temperature=0)  # greedy, as `alone`
     scheduler.admit([[Delivery(leaving, ignore)], [Delivery(staying, ignore)]])
     scheduler.step()
     events = []

@@ -15,6 +15,7 @@ import string
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -181,8 +182,16 @@ def test_agent_sessions_stay_on_the_replica_holding_their_prefix(served):
         time.sleep(0.5)
     for s, steps in seen.items():
         assert steps[0][1] == 0, f"session {s}'s first step found a cache it cannot have: {steps}"
-        assert len({replica for replica, _, _ in steps}) == 1, f"session {s} moved between replicas: {steps}"
-        assert all(cached >= prompt_tokens / 2 for _, cached, prompt_tokens in steps[1:]), (s, steps)
+    for r in (1, 2):
+        # a replica that served at most its 2 slots' worth of sessions in the last round keeps them all; one
+        # that served more (a request finished before the round's last one was routed, on a busy machine)
+        # keeps 2 of them, and the others move: the designed fallback
+        previous = Counter(seen[s][r - 1][0] for s in seen)
+        stayed = [s for s in seen if seen[s][r][0] == seen[s][r - 1][0]]
+        for replica, served in previous.items():
+            kept = sum(seen[s][r - 1][0] == replica for s in stayed)
+            assert kept == min(served, 2), f"round {r}: {replica} served {served} sessions, kept {kept}: {seen}"
+        assert all(seen[s][r][1] >= seen[s][r][2] / 2 for s in stayed), f"round {r}: {seen}"
     assert len({steps[0][0] for steps in seen.values()}) == 2, "the sessions should be spread over both replicas"
 
 
