@@ -30,7 +30,7 @@ def test_auto_falls_back_to_torch_in_one_line_when_llamacpp_cannot_load():
     code = ("import sys; sys.modules['llama_cpp'] = None\n"
             "from exactspec import progress; progress.enable()\n"
             "import exactspec; e = exactspec.load(draft='none', gamma=0)\n"
-            "print(e.backend, len(e.generate('Say hi.', max_new_tokens=2).token_ids))")
+            "print(e.backend, len(e.generate('Say hi.', max_new_tokens=2, temperature=0).token_ids))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     assert proc.returncode == 0, proc.stderr

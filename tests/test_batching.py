@@ -117,7 +117,7 @@ def test_admission_is_one_rule(embedded):
     assert Scheduler(embedded).entries(deliveries) == [deliveries]
     assert Scheduler(embedded, max_rows=1).entries(deliveries) == [[d] for d in deliveries]
     bad = job(embedded, COUNTING, draft="no-such-drafter", max_new_tokens=4)
-    good = job(embedded, COUNTING, max_new_tokens=4)
+    good = job(embedded, COUNTING, max_new_tokens=4, temperature=0)
     errors = run_jobs(embedded, [[bad], [good]])
     assert "no-such-drafter" in str(errors[0]) and errors[1] is None and len(good.result.token_ids) == 4
 

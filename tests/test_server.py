@@ -347,7 +347,8 @@ def test_a_failing_generation_fails_only_its_request(request, monkeypatch, batch
     assert "injected failure" in json.loads(events[-2])["error"]["message"] and events[-1] == "[DONE]"
     assert metric(server.base, "exactspec_requests_total", endpoint=TEXT, status="500") == failed + 2
     with pytest.raises(openai.APIError, match="injected failure"):  # the official client surfaces in-band errors
-        list(server.client.completions.create(model=MODEL, prompt=BAD_PROMPT, max_tokens=5, stream=True))
+        list(server.client.completions.create(model=MODEL, prompt=BAD_PROMPT, max_tokens=5, temperature=0,
+                                              stream=True))
 
 
 async def _stream_chat(client: httpx.AsyncClient) -> dict:
