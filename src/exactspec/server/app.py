@@ -144,7 +144,7 @@ class Routes:
         return JSONResponse(shapes.response(prompt_tokens, [job.result for job in jobs]))
 
     async def run_all(self, jobs: list[Job]) -> None:
-        async for _ in self.worker.generate_all(jobs):
+        async for _ in self.worker.generate_all(jobs, pieces=False):
             pass
 
     async def start_stream(self, request: Request, shapes: Shapes, body: GenerationRequest, endpoint: str,

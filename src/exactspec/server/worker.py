@@ -70,14 +70,18 @@ class Worker:
             if piece is not None and piece.text:
                 yield piece.text
 
-    async def generate_all(self, jobs: list[Job]) -> AsyncIterator[tuple[int, Piece | None]]:
+    async def generate_all(self, jobs: list[Job], pieces: bool = True) -> AsyncIterator[tuple[int, Piece | None]]:
         """Queue `jobs` together (a request's samples: they join the same batch) and yield
-        (index, Piece) as pieces arrive, and (index, None) once job `index` is complete. The
-        first job error is raised here; leaving early cancels the jobs that are not finished."""
+        (index, Piece) as pieces arrive (unless not `pieces`: a whole response reads `job.result`, and
+        the worker then wakes the event loop once per job, not once per token), and (index, None) once
+        job `index` is complete. The first job error is raised here; leaving early cancels the jobs
+        that are not finished."""
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def emitter(index: int, job: Job) -> Emit:
             def emit(event: Event) -> None:
+                if event[0] == "piece" and not pieces:
+                    return
                 if event[0] == "done":
                     self.metrics.observe_generation(job.result, cancelled=event[1])
                 try:
