@@ -230,6 +230,8 @@ def test_prediction_interpolates_costs_in_depth():
     assert cost.predicted_speedup(0.7, 4, depth=550) == pytest.approx(theory.expected_tokens(0.7, 4) / (t[4] / t[0]))
     assert cost.step_cost(4, depth=2000) == pytest.approx((0.5 * (0.013 + 0.0048) + 0.5 * (0.020 + 0.016))
                                                           / (0.5 * 0.013 + 0.5 * 0.020))
+    for depth in (None, 550, 2000, 5000):  # auto γ's scan prices the plain step once: the same numbers, exactly
+        assert cost.step_costs(32, depth=depth) == [cost.step_cost(g, depth=depth) for g in range(33)]
     assert cost.target_seconds(3, 50) == cost.target_seconds(3, 100) == cost.target_s[2]  # shallower: the base
     # past the deepest: linear in depth, between flat and proportional to it
     assert cost.target_seconds(1, 5000) == pytest.approx(0.020 + 2000 * (0.020 - 0.013) / 2000)
