@@ -39,7 +39,7 @@ def test_prompt_lookup_reports_match_length_and_prefers_the_longest_match():
     decoy = [99, 13, 14, 15, 50, 51]  # a later, shorter occurrence of the tail [13, 14, 15]
     context = source + decoy + [10, 11, 12, 13, 14, 15]
     proposal = PromptLookupDrafter().propose(context, 32, GREEDY, None)
-    assert proposal.ids.tolist() == [16, 17, 18, 19, 20, 99, 13, 14, 15, 50, 51, 10, 11, 12, 13, 14, 15]
+    assert proposal.tokens() == [16, 17, 18, 19, 20, 99, 13, 14, 15, 50, 51, 10, 11, 12, 13, 14, 15]
     assert proposal.match == 6  # the whole [10..15] agrees, not just the 3-gram
     assert PromptLookupDrafter().propose([1, 2, 3], 4, GREEDY, None).match == 0  # no earlier occurrence
     assert [bucket(m) for m in (None, 0, 1, 2, 4, 8, 16, 32, 64)] == [0, 0, 1, 2, 3, 4, 5, 6, 7]

@@ -105,7 +105,7 @@ def test_prompt_longer_than_context_is_refused(tiny_target):
 
 def test_prompt_lookup_proposes_continuation_of_latest_match():
     d = PromptLookupDrafter(max_ngram=2)
-    assert d.propose([5, 6, 7, 8, 1, 5, 6, 9, 9, 5, 6], 3, GREEDY, None).ids.tolist() == [9, 9, 5]
+    assert d.propose([5, 6, 7, 8, 1, 5, 6, 9, 9, 5, 6], 3, GREEDY, None).tokens() == [9, 9, 5]
     assert len(d.propose([1, 2, 3, 4], 3, GREEDY, None)) == 0  # nothing matches: empty proposal
 
 
@@ -114,4 +114,4 @@ def test_bigram_counts_context_once():
     d.propose([1, 2, 1, 2], 1, GREEDY, None)
     d.propose([1, 2, 1, 2, 1], 1, GREEDY, None)
     assert d.bigram[1][2] == 2 and d.bigram[2][1] == 2 and d.unigram.tolist()[:3] == [0, 3, 2]
-    assert d.propose([1, 2, 1, 2, 1], 2, GREEDY, None).ids.tolist() == [2, 1]
+    assert d.propose([1, 2, 1, 2, 1], 2, GREEDY, None).tokens() == [2, 1]

@@ -149,7 +149,7 @@ def cut_after_drafting(match_of):
 
 def confident(proposal: Proposal) -> int:
     """How many leading drafts the drafter gave probability >= 1/2: read off the drafted tokens."""
-    ids = proposal.ids.tolist()
+    ids = proposal.tokens()
     return next((i for i, x in enumerate(ids) if proposal.probs[i, x] < 0.5), len(ids))
 
 

@@ -63,7 +63,7 @@ def test_index_lookup_equals_a_full_scan(seed):
 def test_prompt_lookup_proposes_from_its_own_context():
     context = [10, 11, 12, 13, 14, 99, 10, 11, 12]
     proposal = PromptLookupDrafter().propose(context, 4, GREEDY, None)
-    assert proposal.ids.tolist() == [13, 14, 99, 10] and proposal.match == 3
+    assert proposal.tokens() == [13, 14, 99, 10] and proposal.match == 3
 
 
 def test_store_serves_other_requests_and_siblings():
@@ -76,7 +76,7 @@ def test_store_serves_other_requests_and_siblings():
     assert store.tokens == LEAD_IN + len(answer)
     second = SuffixDrafter(store)  # another request, same prompt tail, no output yet: copies the first's answer
     proposal = second.propose([50, 51] + prompt, 5, GREEDY, None)
-    assert proposal.ids.tolist() == answer[:5] and second.source == "store"
+    assert proposal.tokens() == answer[:5] and second.source == "store"
     sibling = SuffixDrafter(store)
     sibling.propose(prompt + [7, 8], 3, GREEDY, None)  # a sibling mid-answer continues from the other's tokens
     assert sibling.source == "store" and sibling.found.probability > 0.5
@@ -193,6 +193,6 @@ def test_a_store_copy_stops_where_earlier_sessions_disagree():
         writer.finish(prompt + [1, 2, 3, 4, value, value + 1, value + 2])
     reader = SuffixDrafter(store)
     proposal = reader.propose([7] + prompt, 8, GREEDY, None)
-    assert reader.source == "store" and proposal.ids.tolist() == [1, 2, 3, 4]  # cut before the contested value
+    assert reader.source == "store" and proposal.tokens() == [1, 2, 3, 4]  # cut before the contested value
     agreed = SuffixDrafter(store).propose([7] + prompt + [1, 2, 3, 4, 20], 8, GREEDY, None)
-    assert agreed.ids.tolist()[:2] == [21, 22]
+    assert agreed.tokens()[:2] == [21, 22]

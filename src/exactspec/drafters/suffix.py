@@ -286,7 +286,7 @@ class SuffixDrafter:
                     self.found, follow = found, self.index.continuation(found, k)
         if not follow:
             return Proposal.empty()
-        return Proposal(torch.tensor(follow, dtype=torch.long), None, self.found.length)
+        return Proposal(follow, None, self.found.length)  # a list (Proposal.tokens)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         pass

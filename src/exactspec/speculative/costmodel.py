@@ -157,16 +157,21 @@ class CostModel:
         """T(k) for one row at a context of `depth` tokens (None: the base measurement's): interpolated
         linearly between the measured depths; past the deepest, linear in depth (at least flat, at most
         proportional to the depth: attention's share can only grow)."""
+        return self.target_curve(k, depth)[k - 1]
+
+    def target_curve(self, n: int, depth: int | None = None) -> list[float]:
+        """[T(1), ..., T(n)] at `depth`, each as `target_seconds` gives it: the depth's place among the
+        measured curves found once for all n (auto γ prices every width before every proposal)."""
         i, w = self._span(depth)
         if w == 0.0:
-            return self.target_s[k - 1]
+            return self.target_s[:n]
         curves = self._curves()
-        lo, hi = curves[i][1][k - 1], curves[i + 1][1][k - 1]
-        t = (1.0 - w) * lo + w * hi
+        lo, hi = curves[i][1][:n], curves[i + 1][1][:n]
+        out = [(1.0 - w) * a + w * b for a, b in zip(lo, hi)]
         if w > 1.0:
             deepest = curves[i + 1][0]
-            t = min(max(t, hi), hi * depth / deepest)
-        return t
+            out = [min(max(t, b), b * depth / deepest) for t, b in zip(out, hi)]
+        return out
 
     @property
     def max_gamma(self) -> int:
@@ -299,8 +304,11 @@ class CostModel:
     def step_costs(self, widest: int, batch: int = 1, depth: int | None = None) -> list[float]:
         """[γ]: `step_cost(γ)` for γ = 0..widest, the plain step priced once (auto γ scans every width
         before every proposal: in a profile of cold chat, about half of the time spent proposing)."""
-        plain = self.seconds(1, batch, depth)
-        return [self._step_cost(g, batch, depth, plain) for g in range(widest + 1)]
+        if batch > 1:
+            plain = self.seconds(1, batch, depth)
+            return [self._step_cost(g, batch, depth, plain) for g in range(widest + 1)]
+        curve = self.target_curve(widest + 1, depth)  # one row: T(1..widest+1) found in one pass
+        return [(self.draft_seconds(g) + curve[g]) / curve[0] for g in range(widest + 1)]
 
     def _step_cost(self, gamma: int, batch: int, depth: int | None, plain: float) -> float:
         return (self.draft_seconds(gamma, batch) + self.seconds(gamma + 1, batch, depth)) / plain

@@ -26,18 +26,26 @@ import torch
 from .sampling import SamplingParams
 
 
+_NO_IDS = torch.zeros(0, dtype=torch.long)  # [0]
+
+
 @dataclass
 class Proposal:
-    ids: torch.Tensor  # [k] long, k may be 0
+    ids: torch.Tensor | list[int]  # [k] long (k may be 0); a point-mass copy may give a list (see tokens)
     probs: torch.Tensor | None  # [k, V] warped draft probs, or None for point masses
     match: int = 0  # copying drafters: context tokens before the proposal that agree with its source
 
     @classmethod
     def empty(cls) -> "Proposal":
-        return cls(torch.zeros(0, dtype=torch.long), None)
+        return cls(_NO_IDS, None)  # shared: no one writes into a proposal's ids
+
+    def tokens(self) -> list[int]:
+        """The proposed ids as a list. Copies hand theirs over as lists: the loop reads lists, and the
+        first torch call after a target pass cost ~60 us here (every step drafts)."""
+        return self.ids.tolist() if isinstance(self.ids, torch.Tensor) else list(self.ids)
 
     def __len__(self) -> int:
-        return int(self.ids.shape[0])
+        return len(self.ids)
 
     def head(self, n: int) -> "Proposal":
         """The first n tokens."""

@@ -144,9 +144,9 @@ class TargetLaw:
             if rest.probs is not None:
                 one_hot = torch.nn.functional.one_hot(torch.tensor(forced), rest.probs.shape[-1]).to(rest.probs)
                 probs = torch.cat([one_hot, rest.probs])
-            proposal = Proposal(torch.cat([torch.tensor(forced, dtype=torch.long), rest.ids]), probs, rest.match)
+            proposal = Proposal(torch.tensor(forced + rest.tokens(), dtype=torch.long), probs, rest.match)
         if proposal is not None and proposal.probs is None and self.matcher is not None:
-            valid = self.matcher.valid_prefix(proposal.ids.tolist())
+            valid = self.matcher.valid_prefix(proposal.tokens())
             proposal = Proposal(proposal.ids[:valid], None, proposal.match) if valid else None
         return proposal
 

@@ -69,12 +69,12 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
     widths = _copy_widths(rows, proposals)
     drafts = []
     for j, (row, (proposal, forced, seconds, copy_kind)) in enumerate(zip(rows, proposals)):
-        if proposal is not None and copying(row.drafter, row.gamma):
-            proposal = proposal.head(forced + widths[j])
-        if proposal is None or len(proposal) == 0:
+        keep = forced + widths[j] if proposal is not None and copying(row.drafter, row.gamma) else None
+        if proposal is None or len(proposal) == 0 or keep == 0:
             drafts.append(Draft([], None, 0, 0, seconds))
-        else:
-            drafts.append(Draft(proposal.ids.tolist(), proposal.probs, forced, proposal.match, seconds, copy_kind))
+        else:  # cut as a list, not by torch calls (Proposal.tokens)
+            probs = proposal.probs if keep is None or proposal.probs is None else proposal.probs[:keep]
+            drafts.append(Draft(proposal.tokens()[:keep], probs, forced, proposal.match, seconds, copy_kind))
     return drafts
 
 
