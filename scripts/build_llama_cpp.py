@@ -34,7 +34,7 @@ A sixth patch, on x86 with AVX-512 (F, BW, VNNI), computes the 2x2 kernel's two 
 in one 512-bit register: each 256-bit half gets the one-output loop's 8 lanes by the same per-lane
 operations (exact integer dot products, then the same conversion, product of scales and fused
 multiply-add per lane, and the same final sums), so again the same bits, in ~30% fewer instructions.
-On a Zen 5: a 1,024-token prefill 597-652 -> 678-696 tokens/s, an 8-token pass 21.0 -> 17.6 ms.
+On a Zen 5: a 1,024-token prefill 606-663 -> 633-716 tokens/s, an 8-token pass 17.2 -> 16.4 ms.
 
 The patched build carries a local version label (0.3.36+exactspec.N): it satisfies `==0.3.36`, and the
 self-test's cache keys (which include the version) never mix it with a stock build. The wheel is cached
@@ -150,6 +150,7 @@ Q8_0_ONE = ("    for (; ib < nb; ++ib) {\n        // Compute combined scale for 
             "        const __m256 d = _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(x[ib].d) * GGML_CPU_FP16_TO_FP32(y[ib].d));")
 PREFETCH = "    for (; ib < nb; ++ib) {\n        _mm_prefetch((const char *) (x + ib) + 4096, _MM_HINT_T0);  // exactspec\n"
 # llamafile's tinyBLAS only for passes of 16+ columns (both of mul_mat's calls to it); fewer take ggml's vec_dot
+# ("faster there": measured for the Q8_0 output projection; F16/F32 weights take the same rule)
 SGEMM_F32 = "    if (src1_cont) {\n        for (int64_t i13 = 0; i13 < ne13; i13++)"
 SGEMM_QUANT = "    if (src1->type != vec_dot_type) {\n        const void* wdata"
 SGEMM_NOTE = "    // exactspec: tinyBLAS for 16+ columns; fewer take vec_dot, as a one-token step does (faster there)\n"
