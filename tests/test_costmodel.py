@@ -232,6 +232,7 @@ def test_prediction_interpolates_costs_in_depth():
                                                           / (0.5 * 0.013 + 0.5 * 0.020))
     for depth in (None, 550, 2000, 5000):  # auto γ's scan prices the plain step once: the same numbers, exactly
         assert cost.step_costs(32, depth=depth) == [cost.step_cost(g, depth=depth) for g in range(33)]
+    assert cost.step_costs(8, batch=3) == [cost.step_cost(g, 3) for g in range(9)]  # batched: the same formula
     assert cost.target_seconds(3, 50) == cost.target_seconds(3, 100) == cost.target_s[2]  # shallower: the base
     # past the deepest: linear in depth, between flat and proportional to it
     assert cost.target_seconds(1, 5000) == pytest.approx(0.020 + 2000 * (0.020 - 0.013) / 2000)

@@ -299,19 +299,14 @@ class CostModel:
     def step_cost(self, gamma: int, batch: int = 1, depth: int | None = None) -> float:
         """Cost of one iteration with γ drafts per row, in units of one plain (batched) target step (one
         row: both at a context of `depth` tokens)."""
-        return self._step_cost(gamma, batch, depth, self.seconds(1, batch, depth))
+        return self.step_costs(gamma, batch, depth)[gamma]
 
     def step_costs(self, widest: int, batch: int = 1, depth: int | None = None) -> list[float]:
-        """[γ]: `step_cost(γ)` for γ = 0..widest, the plain step priced once (auto γ scans every width
-        before every proposal: in a profile of cold chat, about half of the time spent proposing)."""
-        if batch > 1:
-            plain = self.seconds(1, batch, depth)
-            return [self._step_cost(g, batch, depth, plain) for g in range(widest + 1)]
-        curve = self.target_curve(widest + 1, depth)  # one row: T(1..widest+1) found in one pass
-        return [(self.draft_seconds(g) + curve[g]) / curve[0] for g in range(widest + 1)]
-
-    def _step_cost(self, gamma: int, batch: int, depth: int | None, plain: float) -> float:
-        return (self.draft_seconds(gamma, batch) + self.seconds(gamma + 1, batch, depth)) / plain
+        """[γ]: `step_cost(γ)` for γ = 0..widest, T(batch, 1..widest+1) looked up once (auto γ scans
+        every width before every proposal; one row: the depth's place among the curves found once)."""
+        seconds = (self.target_curve(widest + 1, depth) if batch <= 1
+                   else [self.seconds(k, batch, depth) for k in range(1, widest + 2)])
+        return [(self.draft_seconds(g, batch) + seconds[g]) / seconds[0] for g in range(widest + 1)]
 
     def predicted_speedup(self, alpha: float, gamma: int, depth: int | None = None) -> float:
         return expected_tokens(alpha, gamma) / self.step_cost(gamma, depth=depth)

@@ -47,10 +47,6 @@ class Proposal:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def head(self, n: int) -> "Proposal":
-        """The first n tokens."""
-        return Proposal(self.ids[:n], None if self.probs is None else self.probs[:n], self.match)
-
 
 class Drafter(Protocol):
     name: str
