@@ -305,6 +305,33 @@ def test_tiny_gguf_matches_transformers(tiny_pair, tiny_modules):
         lm.reset()
 
 
+def test_grouped_heads_match_transformers(tmp_path):
+    """SmolLM2's attention shape (9 query heads of 64 on 3 K/V heads), f16 cache, 2 threads: the passes the
+    seventh llama.cpp patch runs with a group's heads in lockstep (scripts/llama_cpp_fa_grouped.cpp; a
+    lone token's 9 rows split 3+2 | 1+3 between the threads, a block's in whole groups) give transformers'
+    logits 150 tokens deep. A kernel that mixed up the heads of a group, or dropped one, would not."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    config = LlamaConfig(vocab_size=48, hidden_size=576, intermediate_size=256, num_hidden_layers=1,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=256,
+                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    module = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        module.lm_head.weight.mul_(8.0)
+    lm = LlamaCppLM(write_tiny_gguf(module, tmp_path / "gqa.gguf"), threads=2, eos_token_ids=set(), type_k=1, type_v=1)
+    ids = torch.randint(3, 48, (1, 170), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = module(input_ids=ids).logits  # [1, 170, 48]
+    lm.reset()
+    ours = [lm.forward(ids[:, :150])]
+    for start, end in ((150, 151), (151, 152), (152, 157), (157, 165), (165, 166), (166, 170)):
+        ours.append(lm.forward(ids[:, start:end]))
+    ours = torch.cat(ours, 1)
+    assert theirs[0, 150:].std() > 0.5  # logits that tell heads apart
+    torch.testing.assert_close(ours[:, 150:], theirs[:, 150:], atol=2e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("drafter,params,gamma", [
     ("model", SamplingParams(temperature=1.0), 2),
     ("model", SamplingParams(temperature=0.8, top_k=5, top_p=0.9), 3),
