@@ -13,10 +13,11 @@ from contextlib import contextmanager
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # What exactspec measures once and caches (the llama.cpp self-test's choice of cache type, threads and
-# tiling; auto γ's T(k)) is timed, and the suite times it under PASSIVE threads on a shared machine.
-# Cached beside the user's, such a verdict then served the user's own runs: after `make test` here the
-# default load kept one-thread steps and no tiled prefill (190 against 637 prefill tokens/s). So the suite
-# keeps its own cache (EXACTSPEC_CACHE, unless set).
+# tiling; auto γ's T(k)) is timed, and the suite times it on a loaded machine (two workers, servers and
+# CLI subprocesses side by side). One test runs `generate` under the user's OpenMP setting, so its verdict
+# went under the user's own key, and served the user's later runs: after `make test` here the default
+# load kept one-thread steps and no tiled prefill (190 against 637 prefill tokens/s). So the suite keeps
+# its own cache (EXACTSPEC_CACHE, unless set).
 os.environ.setdefault("EXACTSPEC_CACHE", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                       ".cache", "test"))
 
