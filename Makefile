@@ -52,4 +52,4 @@ gpu-check:
 	python3 -m pip install -q --no-deps -e . && python3 scripts/gpu-check
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .cache/test
