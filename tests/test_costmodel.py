@@ -303,3 +303,23 @@ def test_the_loop_prices_auto_at_the_rows_depth(tiny_target):
     assert list(decode(tiny_target, PromptLookupDrafter(), prompt, greedy, auto, 30, torch.Generator())) == plain
     assert len(prompt) <= auto.depth < len(prompt) + 30
     assert sum(cost.depth.observations[0]) > 0  # iterations at 21..50 tokens refined the 40-token curve
+
+
+def test_a_batch_whose_copies_do_not_pay_rests_from_drafting():
+    """AutoGamma.resting: after a batch iteration whose copies were all cut to nothing, the batch sits
+    out 1, then 2, 4, ... up to MAX_REST iterations; an iteration that drafted starts the gap over."""
+    from exactspec.speculative.costmodel import MAX_REST
+
+    auto = AutoGamma(CostModel(target_s=[0.05, 0.06, 0.07], draft_s_per_token=0.0))
+
+    def rests_after_a_miss() -> int:
+        auto.batch_drafted(False)
+        n = 0
+        while auto.resting():
+            n += 1
+        return n
+
+    assert not auto.resting()  # a new policy looks at once
+    assert [rests_after_a_miss() for _ in range(6)] == [1, 2, 4, 8, MAX_REST, MAX_REST] and MAX_REST == 8
+    auto.batch_drafted(True)
+    assert not auto.resting() and rests_after_a_miss() == 1

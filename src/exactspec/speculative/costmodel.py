@@ -417,6 +417,7 @@ def _measure_at(model: CausalLM, context: int, ks: list[int], max_k: int, reps: 
 # Match-length buckets: bucket 0 = no match information (model drafters: the paper's one α).
 BUCKET_EDGES = (1, 2, 3, 5, 9, 17, 33)  # bucket b >= 1 holds match lengths in [EDGES[b-1], EDGES[b])
 COPY_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.88, 0.93, 0.96)  # prior α per bucket 1..7: longer matches copy on
+MAX_REST = 8  # the longest a batch sits out drafting (AutoGamma.resting): a copy found late loses at most this
 FORGET = 0.97  # each proposal's outcome discounts its bucket's earlier evidence (memory ~30 proposals)
 
 
@@ -501,6 +502,7 @@ class AutoGamma:
         self.cost, self.min_gain = cost, min_gain
         self.acceptance = acceptance if acceptance is not None else Acceptance(prior_alpha, prior_strength)
         self.probe_gap, self.plain_steps = first_probe, 0
+        self.rest, self.rest_gap = 0, 1  # batched iterations left to sit out, and the next rest (`resting`)
         self.depth: int | None = None  # the context depth of the row being priced (set by propose.py)
 
     @property
@@ -557,6 +559,24 @@ class AutoGamma:
             self.plain_steps, self.probe_gap = 0, self.probe_gap * 2
             return 1
         return 0
+
+    def resting(self) -> bool:
+        """Whether a batch's copying rows skip drafting this iteration (one call per iteration). After an
+        iteration whose copies were all cut to nothing (`batch_drafted(False)`), the batch sits out as
+        many iterations as the gap, which doubles up to MAX_REST while copies keep not paying: drafting a
+        batch costs every row's lookups and pricing (~6-11% of a batched chat iteration here, where no
+        copy paid), and a batch's extra pass is dearer than a lone row's."""
+        if self.rest > 0:
+            self.rest -= 1
+            return True
+        return False
+
+    def batch_drafted(self, drafted: bool) -> None:
+        """A batch iteration's outcome: some row drafted (the gap starts over) or none did (rest)."""
+        if drafted:
+            self.rest_gap = 1
+        else:
+            self.rest, self.rest_gap = self.rest_gap, min(2 * self.rest_gap, MAX_REST)
 
     def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None,
                      depth: int | None = None) -> None:

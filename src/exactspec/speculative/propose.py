@@ -48,7 +48,7 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
     are then cut to one width of the drafter's part per policy, priced by T(B, width + 1) (on a
     ragged target, to a width per row, priced by the passes they add). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
-    proposals, wants = [], {}
+    proposals, wants, resting = [], {}, {}
     for row in rows:
         cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
         fixed = not isinstance(row.gamma, AutoGamma)
@@ -57,6 +57,12 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
         if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None):
             proposals.append((None, 0, 0.0, None))
             continue
+        if batched_copies(rows, row) and row.law is None:  # the batch's copies may sit this iteration out
+            if id(row.gamma) not in resting:
+                resting[id(row.gamma)] = (row.gamma, row.gamma.resting())
+            if resting[id(row.gamma)][1]:
+                proposals.append((None, 0, 0.0, None))
+                continue
         t = time.perf_counter()
         key = (id(row.gamma), copying(row.drafter, row.gamma))  # auto is asked once per policy
         if key not in wants:
@@ -67,6 +73,9 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
             row.error, proposal, forced = e, None, 0
         proposals.append((proposal, forced, time.perf_counter() - t, kind(row)))
     widths = _copy_widths(rows, proposals)
+    for policy, rested in resting.values():  # a batch that looked this iteration: did any copy pay?
+        if not rested:
+            policy.batch_drafted(any(widths.get(j, 0) for j, row in enumerate(rows) if row.gamma is policy))
     drafts = []
     for j, (row, (proposal, forced, seconds, copy_kind)) in enumerate(zip(rows, proposals)):
         keep = forced + widths[j] if proposal is not None and copying(row.drafter, row.gamma) else None
@@ -76,6 +85,12 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
             probs = proposal.probs if keep is None or proposal.probs is None else proposal.probs[:keep]
             drafts.append(Draft(proposal.tokens()[:keep], probs, forced, proposal.match, seconds, copy_kind))
     return drafts
+
+
+def batched_copies(rows: list[Row], row: Row) -> bool:
+    """A copying row under auto in a batch on a ragged target: priced by `ragged_widths`, and resting
+    with its policy while the batch's copies keep being cut to nothing (`AutoGamma.resting`)."""
+    return len(rows) > 1 and copying(row.drafter, row.gamma) and row.gamma.cost.ragged
 
 
 def kind(row: Row) -> tuple | None:
