@@ -564,7 +564,7 @@ class AutoGamma:
         """Whether a batch's copying rows skip drafting this iteration (one call per iteration). After an
         iteration whose copies were all cut to nothing (`batch_drafted(False)`), the batch sits out as
         many iterations as the gap, which doubles up to MAX_REST while copies keep not paying: drafting a
-        batch costs every row's lookups and pricing (~6-11% of a batched chat iteration here, where no
+        batch costs every row's lookups and pricing (5-11% of a batched chat iteration here, where no
         copy paid), and a batch's extra pass is dearer than a lone row's."""
         if self.rest > 0:
             self.rest -= 1

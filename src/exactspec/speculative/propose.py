@@ -46,7 +46,8 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
     """Every row's drafts, at most `room` past the longest context: grammar-forced tokens first (outside
     γ), then the drafter's `budget` (auto asked once per policy); rows of copying drafters under auto
     are then cut to one width of the drafter's part per policy, priced by T(B, width + 1) (on a
-    ragged target, to a width per row, priced by the passes they add). A row whose
+    ragged target, to a width per row, priced by the passes they add; such a batch sits an iteration
+    out while its copies keep being cut to nothing, `AutoGamma.resting`). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
     proposals, wants, resting = [], {}, {}
     for row in rows:
