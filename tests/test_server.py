@@ -87,8 +87,23 @@ def bigram_server(server, embedded):
     yield from _running(create_app(engine, model_name=MODEL), refs)
 
 
+SERVED = []  # every app this module serves: they share one target, one at a time
+
+
+@pytest.fixture(autouse=True)
+def settled():
+    """After each test, wait until every app's worker holds no rows. A response ends when its last token
+    is sent, but the row leaves the batch (its KV to the prefix cache, the target's rows compacted) just
+    after; the next test's app (or a fixture's own generate) on the shared target raced that once (an
+    IndexError in select_rows)."""
+    yield
+    for app in SERVED:
+        wait_for(lambda: app.state.worker.scheduler.rows == 0)
+
+
 def _running(app, refs):
     """Serve `app` on a background uvicorn thread until the fixture's teardown."""
+    SERVED.append(app)
     port = _free_port()
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=uv.run, name="uvicorn-test", daemon=True)
