@@ -233,6 +233,8 @@ def test_prediction_interpolates_costs_in_depth():
     for depth in (None, 550, 2000, 5000):  # auto γ's scan prices the plain step once: the same numbers, exactly
         assert cost.step_costs(32, depth=depth) == [cost.step_cost(g, depth=depth) for g in range(33)]
     assert cost.step_costs(8, batch=3) == [cost.step_cost(g, 3) for g in range(9)]  # batched: the same formula
+    for depth in (None, 50, 550, 2000, 5000):  # one k at a depth (each iteration's): the curve's own numbers
+        assert [cost.target_seconds(k, depth) for k in range(1, 34)] == cost.target_curve(33, depth)
     assert cost.target_seconds(3, 50) == cost.target_seconds(3, 100) == cost.target_s[2]  # shallower: the base
     # past the deepest: linear in depth, between flat and proportional to it
     assert cost.target_seconds(1, 5000) == pytest.approx(0.020 + 2000 * (0.020 - 0.013) / 2000)
@@ -323,3 +325,57 @@ def test_a_batch_whose_copies_do_not_pay_rests_from_drafting():
     assert [rests_after_a_miss() for _ in range(6)] == [1, 2, 4, 8, MAX_REST, MAX_REST] and MAX_REST == 8
     auto.batch_drafted(True)
     assert not auto.resting() and rests_after_a_miss() == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_rows_width_scan_equals_the_full_scan(seed):
+    """`best` for one row stops its scan where no wider width can win (E[tokens] < 1/(1-α), against the
+    least cost from there on): the same width and the same predicted speed-up as pricing every width
+    (`speedup`), on cost curves that are not monotone, at α 0 and 1, short and long proposals."""
+    import random
+
+    rng = random.Random(seed)
+    curve = sorted(rng.uniform(0.01, 0.05) for _ in range(33))
+    for _ in range(4):  # measured curves wobble
+        i = rng.randrange(1, 32)
+        curve[i], curve[i + 1] = curve[i + 1], curve[i]
+    cost = CostModel(curve, draft_s_per_step=rng.uniform(0, 0.002), copies=True, frozen=True)
+    for alpha in (0.0, 0.05, 0.3, 0.5, 0.7, 0.9, 0.97, 1.0):
+        auto = AutoGamma(cost, prior_alpha=alpha, prior_strength=1e9)
+        for avail in (1, 2, 5, 32):
+            widths = [auto.speedup([(None, avail)], g) for g in range(avail + 1)]
+            top = max(widths)
+            assert auto.best([(None, avail)]) == (widths.index(top), top), (alpha, avail)
+
+
+def test_a_lookup_skips_match_lengths_that_cannot_pay():
+    """`shortest_paying`: the shortest match whose copy auto γ predicts to pay (so a lookup need not
+    look for shorter ones); every length while a probe is due, so that a short match can win back."""
+    cost = CostModel([0.010, 0.014, 0.019, 0.020] + [0.02 + 0.002 * k for k in range(30)], copies=True)
+    auto = AutoGamma(cost, first_probe=4)
+    kinds = [("context", "greedy")]
+    assert auto.shortest_paying(kinds, 32) == 1  # the priors: a one-token match pays
+    for _ in range(30):  # one- and two-token matches keep failing
+        auto.observe(1, 0, match=1, kind=kinds[0])
+        auto.observe(2, 0, match=2, kind=kinds[0])
+    assert auto.shortest_paying(kinds, 32) == 3 and auto.shortest_paying(kinds, 32, longest=5) == 3
+    auto.observe(3, 0, match=3, kind=kinds[0])
+    auto.observe(3, 0, match=4, kind=kinds[0])
+    assert auto.shortest_paying(kinds, 32) == 3  # the longest order is always looked up
+    assert auto.shortest_paying(kinds + [("store", "greedy")], 32) == 3
+    for _ in range(3):  # copies found but not paying: plain steps towards the next probe
+        assert auto.choose([(3, 5, kinds[0])]) == 0
+    assert auto.shortest_paying(kinds, 32) == 1  # a probe is due: look for every length
+    assert auto.choose([(1, 5, kinds[0])]) == 1
+
+
+def test_the_store_starts_from_a_lower_prior():
+    """The store (other requests' text) is a weaker witness than the request's own context at the same
+    match length: a cold engine's store copies of short matches are not drafted before they are seen to pay."""
+    from exactspec.speculative.costmodel import BUCKET_EDGES, COPY_PRIOR, STORE_PRIOR, Acceptance
+
+    seen = Acceptance()
+    for b, match in enumerate(BUCKET_EDGES):  # the shortest match of each bucket
+        context, store = seen.of(("context", "greedy")).alpha(match), seen.of(("store", "greedy")).alpha(match)
+        assert (context, store) == pytest.approx((COPY_PRIOR[b], STORE_PRIOR[b])) and store < context
+    assert seen.of(("store", "sampled")).alpha(1) == pytest.approx(STORE_PRIOR[0])

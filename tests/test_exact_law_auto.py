@@ -40,7 +40,7 @@ from exactspec.drafters.auto import AutoDrafter, DraftBandit
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
-from exactspec.speculative.costmodel import AutoGamma, CostModel, DepthCosts
+from exactspec.speculative.costmodel import COPY_PRIOR, Acceptance, AutoGamma, CostModel, DepthCosts
 from exactspec.speculative.loop import decode, decode_rows
 from exactspec.speculative.rows import Row
 from exactspec.speculative.sampling import SamplingParams
@@ -221,6 +221,8 @@ def test_auto_drafter_under_auto_gamma():
 
     def make() -> tuple:
         policy = depth_policy(len(prompt), copies=True)
+        # the store priced as the context is (its own prior is lower): it wins where its match is longer
+        policy.acceptance.keyed[("store", "sampled")] = Acceptance(copy_prior=COPY_PRIOR)
         return AutoDrafter(DraftBandit(FLAT), auto_arms(vocab, draft), policy), policy
 
     law, traces = split(enumerate_law(traced_run(target, make, prompt, params, n))[0])

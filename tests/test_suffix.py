@@ -60,6 +60,29 @@ def test_index_lookup_equals_a_full_scan(seed):
             assert at >= 0
 
 
+def test_a_lookup_for_longer_matches_finds_what_the_full_lookup_finds_that_long():
+    """`find(tail, shortest)` looks up only the n-gram orders of at least `shortest` tokens (and always
+    the longest): it finds the full lookup's match wherever that match is that long, and nothing shorter."""
+    rng = random.Random(7)
+    base = [rng.randrange(12) for _ in range(80)]
+    text = base + [rng.randrange(12) if rng.random() < 0.2 else t for t in base]
+    index = SuffixIndex()
+    doc = index.new_doc()
+    lengths = set()
+    for end in range(1, len(text)):
+        index.extend(doc, text[end - 1:end])
+        tail = text[:end][-MAX_MATCH:]
+        full = index.find(tail)
+        lengths.add(full.length if full else 0)
+        for shortest in (2, 3, 5):
+            found = index.find(tail, shortest)
+            if full is not None and full.length >= min(shortest, 3):
+                assert (found.at, found.length) == (full.at, full.length)
+            else:
+                assert found is None
+    assert {0, 1, 2} <= lengths and max(lengths) >= 5  # every branch was taken
+
+
 def test_prompt_lookup_proposes_from_its_own_context():
     context = [10, 11, 12, 13, 14, 99, 10, 11, 12]
     proposal = PromptLookupDrafter().propose(context, 4, GREEDY, None)

@@ -134,7 +134,9 @@ class AutoDrafter:
         copies = []  # (predicted speed-up, arm, proposal, source)
         for name, arm in self.arms.items():
             if getattr(arm, "copies", False):
-                proposal = self._from(name, context, k, params, generator, law)
+                if hasattr(arm, "shortest"):  # no lookup for matches too short to pay
+                    arm.shortest = self.policy.shortest_paying([(s, mode) for s in arm.sources], k)
+                proposal = arm.propose(context, k, params, generator, law=law)  # timed by auto γ, per proposal
                 if len(proposal):
                     source = getattr(arm, "source", None) or "context"
                     gain = self.policy.best([(proposal.match, len(proposal), (source, mode))], 1)[1]
@@ -142,13 +144,16 @@ class AutoDrafter:
         copies.sort(key=lambda c: -c[0])
         if copies and copies[0][0] >= self.policy.min_gain:
             return self._chose(*copies[0][1:])
-        models = [name for name, arm in self.arms.items() if not getattr(arm, "copies", False)]
-        for name in self.bandit.ranking(models, self.local, k) if models else []:
-            width, gain = self.policy.best([(None, k, (name, mode))], 1)
-            if width and gain >= self.policy.min_gain:
-                proposal = self._from(name, context, width, params, generator, law)
-                if len(proposal):
-                    return self._chose(name, proposal, name)
+        widths = {}  # model arm -> the width auto γ gives its learned α, where that width pays
+        for name, arm in self.arms.items():
+            if not getattr(arm, "copies", False):
+                width, gain = self.policy.best([(None, k, (name, mode))], 1)
+                if width and gain >= self.policy.min_gain:
+                    widths[name] = width
+        for name in self.bandit.ranking(list(widths), self.local, k) if len(widths) > 1 else widths:
+            proposal = self._from(name, context, widths[name], params, generator, law)
+            if len(proposal):
+                return self._chose(name, proposal, name)
         return self._chose(*copies[0][1:]) if copies else Proposal.empty()
 
     def _from(self, name: str, context: list[int], k: int, params: SamplingParams,

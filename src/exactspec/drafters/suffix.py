@@ -25,7 +25,6 @@ At T > 0 a seeded request's text then depends on what the store held (as with `-
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from array import array
 from collections.abc import Iterator
@@ -140,12 +139,14 @@ class SuffixIndex:
                         del head[key]
             self.tokens -= len(seq)
 
-    def find(self, tail: list[int]) -> Match | None:
+    def find(self, tail: list[int], shortest: int = 1) -> Match | None:
         """The best earlier occurrence of `tail`'s trailing n-gram (longest order first), or None.
         `tail` needs only its last `max_match` tokens. A document's own last n-gram is not indexed
-        until a token follows it, so a context never matches its own tail."""
+        until a token follows it, so a context never matches its own tail. Orders shorter than
+        `shortest` (and than the longest order) are not looked up: a match they find would be shorter."""
+        shortest = min(shortest, self.orders[0])
         for o, n in enumerate(self.orders):
-            if len(tail) < n:
+            if len(tail) < n or n < shortest:
                 continue
             best, nexts = None, []
             for doc, end, seq in self._occurrences(o, tail[-n:]):
@@ -218,7 +219,10 @@ class SuffixDrafter:
 
     Deterministic, so proposals are point masses (probs=None), exact at any temperature. `copies`: any
     prefix of a proposal may be verified (auto γ cuts it by the match length it reports). After each
-    proposal, `source` ("context" or "store") and `found` (the Match) say where it came from."""
+    proposal, `source` ("context" or "store") and `found` (the Match) say where it came from.
+    `shortest`: matches shorter than this are not looked for (the auto drafter sets it to the shortest
+    match auto γ could be paid for: in open chat a one-token match never is, and its lookup walks the
+    most occurrences)."""
 
     copies = True
 
@@ -232,6 +236,12 @@ class SuffixDrafter:
         self._stored = 0  # context tokens written to the store (absolute offset in the context)
         self.source: str | None = None
         self.found: Match | None = None
+        self.shortest = 1
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Where its copies may come from ("context", "store"): what auto γ prices them by."""
+        return (("context",) if self.index is not None else ()) + (("store",) if self.store is not None else ())
 
     def sync(self, context: list[int]) -> None:
         """Index the context tokens not seen yet (the context only grows within one generation)."""
@@ -260,8 +270,11 @@ class SuffixDrafter:
         for name, index in (("context", self.index), ("store", self.store)):
             if index is None:
                 continue
-            with index.lock if index is self.store else contextlib.nullcontext():
-                match = index.find(tail)
+            if index is self.store:
+                with index.lock:
+                    match = index.find(tail, self.shortest)
+            else:  # the request's own index: no one else's
+                match = index.find(tail, self.shortest)
             if match is not None and (best is None or match.length > best[1].length):
                 best, self.source = (index, match), name
         return best
@@ -281,7 +294,7 @@ class SuffixDrafter:
             with self.store.lock:
                 follow = follow[: self.store.supported(context[-self.max_match:], follow)]
             if not follow and self.index is not None:  # contested at once: the context's own match, if any
-                self.source, found = "context", self.index.find(context[-self.max_match:])
+                self.source, found = "context", self.index.find(context[-self.max_match:], self.shortest)
                 if found is not None:
                     self.found, follow = found, self.index.continuation(found, k)
         if not follow:

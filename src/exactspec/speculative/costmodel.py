@@ -134,6 +134,7 @@ class CostModel:
     copies: bool = False  # a copying drafter: its time is priced per proposal (draft_s_per_step), not per token
     draft_s_per_step: float = 0.0  # seconds the drafter spends per proposal (whatever its length)
     draft_step_observations: int = 0
+    version: int = 0  # observations so far (what AutoGamma's per-iteration price list is keyed by)
 
     def __post_init__(self) -> None:
         if not self.target_observations:
@@ -157,7 +158,13 @@ class CostModel:
         """T(k) for one row at a context of `depth` tokens (None: the base measurement's): interpolated
         linearly between the measured depths; past the deepest, linear in depth (at least flat, at most
         proportional to the depth: attention's share can only grow)."""
-        return self.target_curve(k, depth)[k - 1]
+        i, w = self._span(depth)  # target_curve's arithmetic, at k alone (every iteration asks it)
+        if w == 0.0:
+            return self.target_s[k - 1]
+        curves = self._curves()
+        lo, hi = curves[i][1][k - 1], curves[i + 1][1][k - 1]
+        t = (1.0 - w) * lo + w * hi
+        return min(max(t, hi), hi * depth / curves[i + 1][0]) if w > 1.0 else t
 
     def target_curve(self, n: int, depth: int | None = None) -> list[float]:
         """[T(1), ..., T(n)] at `depth`, each as `target_seconds` gives it: the depth's place among the
@@ -182,6 +189,7 @@ class CostModel:
         proposal's): the first replaces the one-off measurement, later ones move it by 20%."""
         if self.frozen:
             return
+        self.version += 1
         weight = 1.0 if self.draft_observations == 0 else 0.2
         self.draft_s_per_token += weight * (seconds_per_token - self.draft_s_per_token)
         self.draft_observations += 1
@@ -210,6 +218,7 @@ class CostModel:
         measured depth (or None: the base), that depth's T(k) alone, by TARGET_WEIGHT."""
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
+        self.version += 1
         if batch > 1 and self.ragged:
             return self._observe_ragged(lengths or [k] * batch, seconds)
         if batch > 1:
@@ -306,7 +315,12 @@ class CostModel:
         every width before every proposal; one row: the depth's place among the curves found once)."""
         seconds = (self.target_curve(widest + 1, depth) if batch <= 1
                    else [self.seconds(k, batch, depth) for k in range(1, widest + 2)])
-        return [(self.draft_seconds(g, batch) + seconds[g]) / seconds[0] for g in range(widest + 1)]
+        t1 = seconds[0]  # below: draft_seconds(g, batch) inline, in its arithmetic (priced every step)
+        if self.copies:
+            per_step = batch * self.draft_s_per_step
+            return [1.0, *((per_step + t) / t1 for t in seconds[1:])]
+        per_token = self.draft_s_per_token
+        return [1.0, *((batch * (g * per_token) + seconds[g]) / t1 for g in range(1, widest + 1))]
 
     def predicted_speedup(self, alpha: float, gamma: int, depth: int | None = None) -> float:
         return expected_tokens(alpha, gamma) / self.step_cost(gamma, depth=depth)
@@ -417,6 +431,10 @@ def _measure_at(model: CausalLM, context: int, ks: list[int], max_k: int, reps: 
 # Match-length buckets: bucket 0 = no match information (model drafters: the paper's one α).
 BUCKET_EDGES = (1, 2, 3, 5, 9, 17, 33)  # bucket b >= 1 holds match lengths in [EDGES[b-1], EDGES[b])
 COPY_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.88, 0.93, 0.96)  # prior α per bucket 1..7: longer matches copy on
+# The store (other requests' text) is a weaker witness at the same match length: measured on the
+# bench's chat, edit, agent and agent-repeat with the embedded model, its copies of matches up to 8
+# tokens were accepted 0.1-0.5 of the time (the context's 0.4-0.8); of 9 and more, 0.55-1.
+STORE_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.8, 0.9, 0.95)
 MAX_REST = 8  # the longest a batch sits out drafting (AutoGamma.resting): a copy found late loses at most this
 FORGET = 0.97  # each proposal's outcome discounts its bucket's earlier evidence (memory ~30 proposals)
 
@@ -425,7 +443,12 @@ def bucket(match: int | None) -> int:
     """Match length -> bucket (0: unknown / not a copy)."""
     if not match:
         return 0
+    if match < len(_BUCKETS):  # every proposal's α is looked up by its match length
+        return _BUCKETS[match]
     return sum(match >= edge for edge in BUCKET_EDGES)
+
+
+_BUCKETS = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(2 * BUCKET_EDGES[-1])]
 
 
 class Acceptance:
@@ -438,10 +461,12 @@ class Acceptance:
     latter may be a weaker witness at the same match length) and whether the row samples. At T = 0 a
     copied token is kept when it is the argmax; at T > 0 it is kept with probability p(x), so a
     sampled row's copy is accepted less often and its long proposals are worth less: each kind learns
-    its own α per match length, and auto γ and the auto drafter choose from the kind at hand."""
+    its own α per match length, and auto γ and the auto drafter choose from the kind at hand. A kind
+    starts from its source's prior (the store's is lower: STORE_PRIOR): a cold server's first requests
+    otherwise pay for each short store copy until its bucket has learnt."""
 
-    def __init__(self, prior_alpha: float = 0.3, prior_strength: float = 4.0):
-        priors = (prior_alpha, *COPY_PRIOR)
+    def __init__(self, prior_alpha: float = 0.3, prior_strength: float = 4.0, copy_prior: tuple = COPY_PRIOR):
+        priors = (prior_alpha, *copy_prior)
         self.prior_alpha, self.prior_strength = prior_alpha, prior_strength
         self.successes = [a * prior_strength for a in priors]
         self.failures = [(1.0 - a) * prior_strength for a in priors]
@@ -453,7 +478,8 @@ class Acceptance:
         if key is None:
             return self
         if key not in self.keyed:
-            self.keyed[key] = Acceptance(self.prior_alpha, self.prior_strength)
+            store = isinstance(key, tuple) and key[:1] == ("store",)
+            self.keyed[key] = Acceptance(self.prior_alpha, self.prior_strength, STORE_PRIOR if store else COPY_PRIOR)
         return self.keyed[key]
 
     def alpha(self, match: int | None = None) -> float:
@@ -504,6 +530,7 @@ class AutoGamma:
         self.probe_gap, self.plain_steps = first_probe, 0
         self.rest, self.rest_gap = 0, 1  # batched iterations left to sit out, and the next rest (`resting`)
         self.depth: int | None = None  # the context depth of the row being priced (set by propose.py)
+        self._prices: tuple | None = None  # (key, step costs, their floors): `_step_costs`
 
     @property
     def alpha(self) -> float:
@@ -527,6 +554,19 @@ class AutoGamma:
     def _depth(self, depth: int | None) -> int | None:
         return self.depth if depth is None else depth
 
+    def _step_costs(self, batch: int, depth: int | None) -> tuple[list[float], list[float]]:
+        """`step_cost(γ)` for γ = 0..max_gamma, and floor[γ] = the least of them from γ on: found once
+        per iteration (every copy, model arm and cut of a step is priced against them; a width's cost
+        does not depend on the widest priced)."""
+        key = (batch, depth, self.cost.version)
+        if self._prices is None or self._prices[0] != key:
+            costs = self.cost.step_costs(self.max_gamma, batch, depth)
+            floor = list(costs)
+            for g in range(len(floor) - 2, -1, -1):
+                floor[g] = min(floor[g], floor[g + 1])
+            self._prices = (key, costs, floor)
+        return self._prices[1], self._prices[2]
+
     def best(self, rows: list[tuple], batch: int | None = None, depth: int | None = None) -> tuple[int, float]:
         """-> (the width γ with the highest predicted speed-up for `rows`, that speed-up); no side
         effects (`choose` adds the gain threshold and the probes)."""
@@ -534,13 +574,29 @@ class AutoGamma:
         alphas = [(self.acceptance.of(kind).alpha(m), avail) for m, avail, kind in _kinds(rows)]
         batch, depth = batch or len(rows), self._depth(depth)
         best, gain = 0, 0.0
-        costs = self.cost.step_costs(widest, batch, depth)
+        costs, floor = self._step_costs(batch, depth)
+        if len(alphas) == 1:  # one row: every proposal is priced so
+            return _one_row(alphas[0][0], widest, costs, floor)
         for g in range(widest + 1):  # the same arithmetic as `speedup`, each row's α looked up once
             tokens = sum(expected_tokens(alpha, min(g, avail)) for alpha, avail in alphas)
             value = tokens / len(rows) / costs[g]
             if value > gain:  # ties: the smaller γ
                 best, gain = g, value
         return best, gain
+
+    def shortest_paying(self, kinds: list[object], widest: int, longest: int = 3) -> int:
+        """The shortest match length (at most `longest`) at which a copy of one of `kinds` and `widest`
+        tokens is predicted to pay (`best`), so that a lookup need not look for shorter ones; every
+        length while a probe is due (`choose`), so that a short match that has started to pay is found."""
+        if self.plain_steps + 1 >= self.probe_gap:
+            return 1
+        costs, floor = self._step_costs(1, self.depth)
+        widest = min(widest, self.max_gamma)
+        for match in range(1, longest):
+            for kind in kinds:
+                if _one_row(self.acceptance.of(kind).alpha(match), widest, costs, floor)[1] >= self.min_gain:
+                    return match
+        return longest
 
     def alphas(self, rows: list[tuple]) -> list[tuple[float, int]]:
         """(α, drafts it may keep) per row of (match length, proposal length[, kind])."""
@@ -592,6 +648,20 @@ class AutoGamma:
             self.acceptance.of(kind).observe(proposed, accepted, match)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s / proposed, draft_s)
+
+
+def _one_row(alpha: float, widest: int, costs: list[float], floor: list[float]) -> tuple[int, float]:
+    """`AutoGamma.best` for one row of acceptance α: `expected_tokens` inline, and the scan stopped where
+    no wider width can beat the best so far (E[tokens] < 1/(1 - α); floor[g]: the least cost from g on)."""
+    best, gain = 0, 0.0
+    most = widest + 1.0 if alpha == 1.0 else 1.0 / (1.0 - alpha)
+    for g in range(widest + 1):
+        if most / floor[g] <= gain:
+            break
+        value = (g + 1.0 if alpha == 1.0 else (1.0 - alpha ** (g + 1)) / (1.0 - alpha)) / costs[g]
+        if value > gain:
+            best, gain = g, value
+    return best, gain
 
 
 def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int]) -> tuple[list[int], float]:

@@ -26,18 +26,18 @@ import torch
 from .sampling import SamplingParams
 
 
-_NO_IDS = torch.zeros(0, dtype=torch.long)  # [0]
+_NO_IDS: tuple[int, ...] = ()  # no tokens (not a tensor: every step asks its length)
 
 
 @dataclass
 class Proposal:
-    ids: torch.Tensor | list[int]  # [k] long (k may be 0); a point-mass copy may give a list (see tokens)
+    ids: torch.Tensor | list[int] | tuple[int, ...]  # [k] long (k may be 0); a copy may give a list (see tokens)
     probs: torch.Tensor | None  # [k, V] warped draft probs, or None for point masses
     match: int = 0  # copying drafters: context tokens before the proposal that agree with its source
 
     @classmethod
     def empty(cls) -> "Proposal":
-        return cls(_NO_IDS, None)  # shared: no one writes into a proposal's ids
+        return _EMPTY  # shared: no one writes into a proposal
 
     def tokens(self) -> list[int]:
         """The proposed ids as a list. Copies hand theirs over as lists: the loop reads lists, and the
@@ -46,6 +46,9 @@ class Proposal:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+_EMPTY = Proposal(_NO_IDS, None)
 
 
 class Drafter(Protocol):
