@@ -354,19 +354,28 @@ def test_a_lookup_skips_match_lengths_that_cannot_pay():
     cost = CostModel([0.010, 0.014, 0.019, 0.020] + [0.02 + 0.002 * k for k in range(30)], copies=True)
     auto = AutoGamma(cost, first_probe=4)
     kinds = [("context", "greedy")]
-    assert auto.shortest_paying(kinds, 32) == 1  # the priors: a one-token match pays
+    assert auto.shortest_paying(kinds) == 1  # the priors: a one-token match pays
     for _ in range(30):  # one- and two-token matches keep failing
         auto.observe(1, 0, match=1, kind=kinds[0])
         auto.observe(2, 0, match=2, kind=kinds[0])
-    assert auto.shortest_paying(kinds, 32) == 3 and auto.shortest_paying(kinds, 32, longest=5) == 3
+    assert auto.shortest_paying(kinds) == 3 and auto.shortest_paying(kinds, longest=5) == 3
     auto.observe(3, 0, match=3, kind=kinds[0])
     auto.observe(3, 0, match=4, kind=kinds[0])
-    assert auto.shortest_paying(kinds, 32) == 3  # the longest order is always looked up
-    assert auto.shortest_paying(kinds + [("store", "greedy")], 32) == 3
+    assert auto.shortest_paying(kinds) == 3  # the longest order is always looked up
+    assert auto.shortest_paying(kinds + [("store", "greedy")]) == 3
     for _ in range(3):  # copies found but not paying: plain steps towards the next probe
         assert auto.choose([(3, 5, kinds[0])]) == 0
-    assert auto.shortest_paying(kinds, 32) == 1  # a probe is due: look for every length
+    assert auto.shortest_paying(kinds) == 1  # a probe is due: look for every length
     assert auto.choose([(1, 5, kinds[0])]) == 1
+    # the answer is priced again after this policy's outcomes (above), and every REPRICE calls: another
+    # request's policy sharing the acceptance shows here within REPRICE lookups
+    from exactspec.speculative.costmodel import REPRICE
+
+    other = AutoGamma(cost, acceptance=auto.acceptance)
+    for _ in range(40):
+        other.observe(1, 1, match=1, kind=kinds[0])
+    answers = [auto.shortest_paying(kinds) for _ in range(REPRICE + 1)]
+    assert answers[0] == 3 and answers[-1] == 1
 
 
 def test_the_store_starts_from_a_lower_prior():
@@ -379,3 +388,19 @@ def test_the_store_starts_from_a_lower_prior():
         context, store = seen.of(("context", "greedy")).alpha(match), seen.of(("store", "greedy")).alpha(match)
         assert (context, store) == pytest.approx((COPY_PRIOR[b], STORE_PRIOR[b])) and store < context
     assert seen.of(("store", "sampled")).alpha(1) == pytest.approx(STORE_PRIOR[0])
+
+
+def test_a_model_arms_width_is_best_at_its_alpha_and_kept_until_an_outcome():
+    """`model_width`: `best`'s width for a model drafter's one α where it pays by min_gain (else 0), for
+    proposals of at most k tokens; the same answer until this policy hears an outcome or REPRICE calls pass."""
+    cost = CostModel([0.010 + 0.001 * k for k in range(33)], draft_s_per_token=0.0001, frozen=True)
+    auto = AutoGamma(cost, prior_alpha=0.8, prior_strength=100)
+    kind = ("bigram", "greedy")
+    wide = auto.best([(None, 32, kind)], 1)[0]
+    assert wide > 3 and auto.model_width(kind, 32) == wide
+    assert auto.model_width(kind, 3) == auto.best([(None, 3, kind)], 1)[0] == 3  # a short budget
+    for _ in range(400):  # outcomes heard elsewhere (the shared acceptance) wait for the re-pricing
+        auto.acceptance.of(kind).observe(4, 0)
+    assert auto.model_width(kind, 32) == wide
+    auto.observe(4, 0, kind=kind)  # this policy's own outcome: priced again
+    assert auto.model_width(kind, 32) == 0 and auto.best([(None, 32, kind)], 1)[1] < auto.min_gain

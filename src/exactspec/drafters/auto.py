@@ -135,7 +135,7 @@ class AutoDrafter:
         for name, arm in self.arms.items():
             if getattr(arm, "copies", False):
                 if hasattr(arm, "shortest"):  # no lookup for matches too short to pay
-                    arm.shortest = self.policy.shortest_paying([(s, mode) for s in arm.sources], k)
+                    arm.shortest = self.policy.shortest_paying([(s, mode) for s in arm.sources])
                 proposal = arm.propose(context, k, params, generator, law=law)  # timed by auto γ, per proposal
                 if len(proposal):
                     source = getattr(arm, "source", None) or "context"
@@ -147,8 +147,8 @@ class AutoDrafter:
         widths = {}  # model arm -> the width auto γ gives its learned α, where that width pays
         for name, arm in self.arms.items():
             if not getattr(arm, "copies", False):
-                width, gain = self.policy.best([(None, k, (name, mode))], 1)
-                if width and gain >= self.policy.min_gain:
+                width = self.policy.model_width((name, mode), k)
+                if width:
                     widths[name] = width
         for name in self.bandit.ranking(list(widths), self.local, k) if len(widths) > 1 else widths:
             proposal = self._from(name, context, widths[name], params, generator, law)

@@ -233,10 +233,9 @@ class CostModel:
             old = curve[k - 1]
             curve[k - 1] = old * (1.0 + TARGET_WEIGHT * share * (ratio - 1.0))
             seen[k - 1] += share >= 0.5
-            if k == 1:  # a k never observed at this depth keeps its measured ratio to T(1)
-                for m in range(1, len(curve)):
-                    if not seen[m]:
-                        curve[m] *= curve[0] / old
+            if k == 1:  # a k never observed at this depth keeps its measured ratio to T(1) (in place: shared)
+                scale = curve[0] / old
+                curve[1:] = [t if s else t * scale for t, s in zip(curve[1:], seen[1:])]
 
     def _observe_batch(self, batch: int, k: int, seconds: float) -> None:
         costs, key = self.batch, (batch, k)
@@ -435,6 +434,7 @@ COPY_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.88, 0.93, 0.96)  # prior α per bucket 1..7:
 # bench's chat, edit, agent and agent-repeat with the embedded model, its copies of matches up to 8
 # tokens were accepted 0.1-0.5 of the time (the context's 0.4-0.8); of 9 and more, 0.55-1.
 STORE_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.8, 0.9, 0.95)
+REPRICE = 16  # calls `AutoGamma.shortest_paying` answers from its last pricing (until an outcome)
 MAX_REST = 8  # the longest a batch sits out drafting (AutoGamma.resting): a copy found late loses at most this
 FORGET = 0.97  # each proposal's outcome discounts its bucket's earlier evidence (memory ~30 proposals)
 
@@ -531,6 +531,7 @@ class AutoGamma:
         self.rest, self.rest_gap = 0, 1  # batched iterations left to sit out, and the next rest (`resting`)
         self.depth: int | None = None  # the context depth of the row being priced (set by propose.py)
         self._prices: tuple | None = None  # (key, step costs, their floors): `_step_costs`
+        self._priced: dict[tuple, tuple[int, int]] = {}  # `_recall`: (an answer, calls it still serves)
 
     @property
     def alpha(self) -> float:
@@ -584,19 +585,40 @@ class AutoGamma:
                 best, gain = g, value
         return best, gain
 
-    def shortest_paying(self, kinds: list[object], widest: int, longest: int = 3) -> int:
-        """The shortest match length (at most `longest`) at which a copy of one of `kinds` and `widest`
-        tokens is predicted to pay (`best`), so that a lookup need not look for shorter ones; every
-        length while a probe is due (`choose`), so that a short match that has started to pay is found."""
+    def shortest_paying(self, kinds: list[object], longest: int = 3) -> int:
+        """The shortest match length (at most `longest`) at which a copy of one of `kinds` is predicted
+        to pay at some width (`best`), so that a lookup need not look for shorter ones; every length
+        while a probe is due (`choose`), so that a short match that has started to pay is found. Priced
+        again after every outcome (`observe`) and every REPRICE calls (costs drift slowly)."""
         if self.plain_steps + 1 >= self.probe_gap:
             return 1
-        costs, floor = self._step_costs(1, self.depth)
-        widest = min(widest, self.max_gamma)
-        for match in range(1, longest):
-            for kind in kinds:
-                if _one_row(self.acceptance.of(kind).alpha(match), widest, costs, floor)[1] >= self.min_gain:
+
+        def price() -> int:
+            costs, floor = self._step_costs(1, self.depth)
+            for match in range(1, longest):
+                if any(_one_row(self.acceptance.of(kind).alpha(match), self.max_gamma, costs, floor)[1]
+                       >= self.min_gain for kind in kinds):
                     return match
-        return longest
+            return longest
+        return self._recall(("copy", tuple(kinds), longest), price)
+
+    def model_width(self, kind: object, k: int) -> int:
+        """The width auto γ gives a model drafter's proposal of at most k tokens (`best` at its one α,
+        `kind`), 0 where no width pays by min_gain: priced, as `shortest_paying` is, again after every
+        outcome and every REPRICE calls (the auto drafter asks every step whether a model arm pays)."""
+        def price(widest: int) -> int:
+            width, gain = self.best([(None, widest, kind)], 1)
+            return width if gain >= self.min_gain else 0
+        width = self._recall(("model", kind), lambda: price(self.max_gamma))
+        return width if width <= k else price(k)  # no width pays at k that does not at max_gamma
+
+    def _recall(self, key: tuple, price) -> int:
+        """price()'s answer for `key`, kept for REPRICE calls or until the next outcome (`observe`)."""
+        known = self._priced.get(key)
+        if known is None or known[1] <= 0:
+            known = (price(), REPRICE + 1)
+        self._priced[key] = (known[0], known[1] - 1)
+        return known[0]
 
     def alphas(self, rows: list[tuple]) -> list[tuple[float, int]]:
         """(α, drafts it may keep) per row of (match length, proposal length[, kind])."""
@@ -645,6 +667,7 @@ class AutoGamma:
         """Outcome of one proposal (of `kind`, see Acceptance.of); `draft_s` (its drafting time) refines
         the drafter's measured cost, which a one-off measurement on a busy machine can get badly wrong."""
         if proposed:
+            self._priced.clear()
             self.acceptance.of(kind).observe(proposed, accepted, match)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s / proposed, draft_s)
