@@ -110,19 +110,19 @@ class SuffixIndex:
         seq, base = d.tokens, doc * STRIDE
         if self.budget is not None:  # one document alone never outgrows the budget: its tail is not kept
             tokens = tokens[: max(0, self.budget // BYTES_PER_TOKEN - len(seq))]
-        for token in tokens:
+        tables = list(zip(self.orders, self.heads, d.prev))  # per order: n, its hash table, its chain links
+        for token in tokens:  # (every step of every request appends one: kept tight)
             end = len(seq)  # the new token's offset: the n-grams ending here are followed by it
             seq.append(token)
-            for o, n in enumerate(self.orders):
+            for n, head, prev in tables:
                 if end < n:
-                    d.prev[o].append(-1)
+                    prev.append(-1)
                     continue
                 key = hash(tuple(seq[end - n : end]))
-                head = self.heads[o]
-                d.prev[o].append(head.get(key, -1))
+                prev.append(head.get(key, -1))
                 head[key] = base + end
         self.tokens += len(tokens)
-        if self.budget is not None:
+        if self.budget is not None and self.nbytes > self.budget:
             self._evict(keep=doc)
 
     def _evict(self, keep: int) -> None:
