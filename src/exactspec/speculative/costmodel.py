@@ -158,22 +158,20 @@ class CostModel:
         """T(k) for one row at a context of `depth` tokens (None: the base measurement's): interpolated
         linearly between the measured depths; past the deepest, linear in depth (at least flat, at most
         proportional to the depth: attention's share can only grow)."""
-        i, w = self._span(depth)  # target_curve's arithmetic, at k alone (every iteration asks it)
-        if w == 0.0:
-            return self.target_s[k - 1]
-        curves = self._curves()
-        lo, hi = curves[i][1][k - 1], curves[i + 1][1][k - 1]
-        t = (1.0 - w) * lo + w * hi
-        return min(max(t, hi), hi * depth / curves[i + 1][0]) if w > 1.0 else t
+        return self._interpolated(depth, k - 1, k)[0]  # k alone: every iteration asks it
 
     def target_curve(self, n: int, depth: int | None = None) -> list[float]:
         """[T(1), ..., T(n)] at `depth`, each as `target_seconds` gives it: the depth's place among the
         measured curves found once for all n (auto γ prices every width before every proposal)."""
+        return self._interpolated(depth, 0, n)
+
+    def _interpolated(self, depth: int | None, start: int, stop: int) -> list[float]:
+        """[T(start + 1), ..., T(stop)] at `depth` (`target_seconds`)."""
         i, w = self._span(depth)
         if w == 0.0:
-            return self.target_s[:n]
+            return self.target_s[start:stop]
         curves = self._curves()
-        lo, hi = curves[i][1][:n], curves[i + 1][1][:n]
+        lo, hi = curves[i][1][start:stop], curves[i + 1][1][start:stop]
         out = [(1.0 - w) * a + w * b for a, b in zip(lo, hi)]
         if w > 1.0:
             deepest = curves[i + 1][0]
@@ -594,10 +592,8 @@ class AutoGamma:
             return 1
 
         def price() -> int:
-            costs, floor = self._step_costs(1, self.depth)
             for match in range(1, longest):
-                if any(_one_row(self.acceptance.of(kind).alpha(match), self.max_gamma, costs, floor)[1]
-                       >= self.min_gain for kind in kinds):
+                if any(self.best([(match, self.max_gamma, kind)], 1)[1] >= self.min_gain for kind in kinds):
                     return match
             return longest
         return self._recall(("copy", tuple(kinds), longest), price)
