@@ -152,3 +152,17 @@ def test_gpu_check_script_runs_on_the_cpu(tmp_path):
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert done.returncode == 0 and report["errors"] == [], done.stdout[-2000:] + done.stderr[-2000:]
     assert [s["shape"] for s in report["shapes"]] == ["tiny"] and report["shapes"][0]["plain_tokens_per_s"] > 0
+
+
+def test_the_cache_goes_by_the_name_the_forward_takes():
+    """transformers 5.24 takes the KV cache as `cache`; 5.17 (the lent GPU's) as `past_key_values`, and
+    swallowed `cache=` into **kwargs: the model then ran without a cache (gpu-check, H200). Both names
+    are read from the signature, the deprecation wrapper's included."""
+    from exactspec.models.torch_hf import cache_kwarg
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
+            return input_ids
+
+    assert cache_kwarg(Old()) == "past_key_values"
+    assert cache_kwarg(device_checks.tiny_llama(0, "cpu")) == "cache"

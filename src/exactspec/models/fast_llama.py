@@ -37,8 +37,11 @@ are host bookkeeping.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import ExactSpecError
 from .prefix_cache import prefill_prompt
@@ -47,6 +50,10 @@ SUPPORTED = ("llama", "mistral", "qwen2")
 INVARIANT_ROWS = 8  # rows per matmul in batch-invariant mode: one step of γ <= 7 verification is one chunk
 ATTN_BLOCK = 128  # invariant mode attends over whole blocks of this many keys (the same lengths alone or in a block)
 PREFILL_SPAN = 128  # invariant mode: queries per attention call of a long prefill (whole INVARIANT_ROWS chunks)
+# Fused attention off the CPU, without cuDNN's: it builds an execution plan for every new key length, and
+# a decode step meets a new one every time (gpu-check, H200, torch 2.11: ~47 ms a step of a 1B Llama
+# whose forward takes 7.7 ms; docs/devices-and-dtypes.md).
+GPU_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def supports(module: torch.nn.Module) -> bool:
@@ -279,14 +286,26 @@ class FastLlamaLM:
         if inv:  # keys beyond a query's position are masked: whole blocks, same order
             end = min(-(-end // ATTN_BLOCK) * ATTN_BLOCK, self.max_length)
         self._ensure_capacity(end)
-        H, Hkv, d = self.n_heads, self.n_kv, self.head_dim
         positions = (self.lengths[:, None] + torch.arange(k)).to(self.device)  # [B, k]
         cos, sin = self._rope(positions)
-        rows = torch.arange(B, device=self.device)[:, None]  # [B, 1]
         mask = None  # the single query of a plain step sees the whole (exactly sized) cache
         if not inv and (B > 1 or k > 1):
             mask = (torch.arange(end, device=self.device) <= positions[..., None])[:, None]  # [B, 1, k, end]
         x = F.embedding(new_ids, self.embed)  # [B, k, D]
+        gpu = self.device.type == "cuda" and GPU_ATTENTION
+        with sdpa_kernel(GPU_ATTENTION) if gpu else contextlib.nullcontext():
+            x = self._layers(x, positions, cos, sin, mask, end, inv)
+        self.lengths = self.lengths + k
+        if not logits:
+            return None
+        return self._linear(self._rms(x, self.final_norm, inv), self.lm_head, None, inv).float()  # [B, k, V]
+
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None, end: int, inv: bool) -> torch.Tensor:
+        """x [B, k, D] through every layer, each writing its k new K/V positions into the cache."""
+        B, k = positions.shape
+        H, Hkv, d = self.n_heads, self.n_kv, self.head_dim
+        rows = torch.arange(B, device=self.device)[:, None]  # [B, 1]
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.norm1, inv)
             q, kk, v = self._linear(h, layer.wqkv, layer.bqkv, inv).split([H * d, Hkv * d, Hkv * d], dim=-1)
@@ -302,10 +321,7 @@ class FastLlamaLM:
             x = x + self._linear(attn.view(B, H, k, d).transpose(1, 2).reshape(B, k, H * d), layer.wo, None, inv)
             gate, up = self._linear(self._rms(x, layer.norm2, inv), layer.w_gate_up, None, inv).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, layer.w_down, None, inv)
-        self.lengths = self.lengths + k
-        if not logits:
-            return None
-        return self._linear(self._rms(x, self.final_norm, inv), self.lm_head, None, inv).float()  # [B, k, V]
+        return x
 
 
 def _causal_spans(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import ExactSpecError
 from .base import OneRow
-from .torch_hf import crop
+from .torch_hf import cache_kwarg, crop
 
 
 def is_encoder_decoder(path: str) -> bool:
@@ -103,8 +103,8 @@ class Seq2SeqLM(OneRow):
         k = new_ids.shape[1]
         if self._length + k > self.max_length:
             raise ExactSpecError(f"decoder length {self._length + k} exceeds the model's {self.max_length} tokens")
-        out = self.module(encoder_outputs=self.encoder_output, decoder_input_ids=new_ids, cache=self.cache,
-                          use_cache=True)
+        out = self.module(encoder_outputs=self.encoder_output, decoder_input_ids=new_ids, use_cache=True,
+                          **{cache_kwarg(self.module): self.cache})
         self._length += k
         return out.logits.float()  # [1, k, V]
 

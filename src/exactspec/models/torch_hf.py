@@ -10,6 +10,7 @@ the negative number of tokens to drop).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -95,7 +96,8 @@ class HFCausalLM(OneRow):
         if self._length + k > self.max_length:
             raise ExactSpecError(f"context length {self._length + k} exceeds the model's {self.max_length} tokens")
         positions = torch.arange(self._length, self._length + k, device=self.device)[None]  # [1, k]
-        out = self.module(input_ids=new_ids.to(self.device), position_ids=positions, cache=self.cache, use_cache=True)
+        out = self.module(input_ids=new_ids.to(self.device), position_ids=positions, use_cache=True,
+                          **{cache_kwarg(self.module): self.cache})
         self._length += k
         return out.logits.float()  # [1, k, V]
 
@@ -105,6 +107,13 @@ class HFCausalLM(OneRow):
 
     def truncate(self, length: int) -> None:
         self._length = crop(self.cache, self._length, length)
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The name a transformers forward takes its KV cache by: `cache` from transformers 5.24 on (where
+    `past_key_values` warns until 5.40), `past_key_values` before (where `cache` is swallowed by
+    **kwargs and the model runs with no cache at all)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def crop(cache, cached: int, length: int) -> int:
