@@ -51,8 +51,8 @@ INVARIANT_ROWS = 8  # rows per matmul in batch-invariant mode: one step of γ <=
 ATTN_BLOCK = 128  # invariant mode attends over whole blocks of this many keys (the same lengths alone or in a block)
 PREFILL_SPAN = 128  # invariant mode: queries per attention call of a long prefill (whole INVARIANT_ROWS chunks)
 # Fused attention off the CPU, without cuDNN's: it builds an execution plan for every new key length, and
-# a decode step meets a new one every time (gpu-check, H200, torch 2.11: ~47 ms a step of a 1B Llama
-# whose forward takes 7.7 ms; docs/devices-and-dtypes.md).
+# a decode step meets a new one every time (gpu-check, H200, torch 2.11: a 1B Llama's plain step 73 ms with
+# it, 9.5 ms without; docs/devices-and-dtypes.md).
 GPU_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -292,8 +292,7 @@ class FastLlamaLM:
         if not inv and (B > 1 or k > 1):
             mask = (torch.arange(end, device=self.device) <= positions[..., None])[:, None]  # [B, 1, k, end]
         x = F.embedding(new_ids, self.embed)  # [B, k, D]
-        gpu = self.device.type == "cuda" and GPU_ATTENTION
-        with sdpa_kernel(GPU_ATTENTION) if gpu else contextlib.nullcontext():
+        with sdpa_kernel(GPU_ATTENTION) if self.device.type == "cuda" else contextlib.nullcontext():
             x = self._layers(x, positions, cos, sin, mask, end, inv)
         self.lengths = self.lengths + k
         if not logits:

@@ -55,6 +55,7 @@ class Seq2SeqLM(OneRow):
 
         self._new_cache = lambda: EncoderDecoderCache(DynamicCache(config=module.config), DynamicCache(config=module.config))
         self.module = module
+        self._cache_kw = cache_kwarg(module)  # read once: a signature lookup per step is needless work
         config, generation = module.config, module.generation_config
         self.vocab_size = int(module.get_output_embeddings().weight.shape[0])
         eos = eos_token_ids if eos_token_ids is not None else getattr(generation, "eos_token_id", None)
@@ -104,7 +105,7 @@ class Seq2SeqLM(OneRow):
         if self._length + k > self.max_length:
             raise ExactSpecError(f"decoder length {self._length + k} exceeds the model's {self.max_length} tokens")
         out = self.module(encoder_outputs=self.encoder_output, decoder_input_ids=new_ids, use_cache=True,
-                          **{cache_kwarg(self.module): self.cache})
+                          **{self._cache_kw: self.cache})
         self._length += k
         return out.logits.float()  # [1, k, V]
 

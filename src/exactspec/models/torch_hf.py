@@ -71,6 +71,7 @@ class HFCausalLM(OneRow):
 
         self._cache_cls = DynamicCache
         self.module = module
+        self._cache_kw = cache_kwarg(module)  # read once: a signature lookup per step is needless work
         self.device = next(module.parameters()).device
         config = module.config
         self.vocab_size = int(module.get_output_embeddings().weight.shape[0])
@@ -97,7 +98,7 @@ class HFCausalLM(OneRow):
             raise ExactSpecError(f"context length {self._length + k} exceeds the model's {self.max_length} tokens")
         positions = torch.arange(self._length, self._length + k, device=self.device)[None]  # [1, k]
         out = self.module(input_ids=new_ids.to(self.device), position_ids=positions, use_cache=True,
-                          **{cache_kwarg(self.module): self.cache})
+                          **{self._cache_kw: self.cache})
         self._length += k
         return out.logits.float()  # [1, k, V]
 
