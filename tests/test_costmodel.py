@@ -404,3 +404,85 @@ def test_a_model_arms_width_is_best_at_its_alpha_and_kept_until_an_outcome():
     assert auto.model_width(kind, 32) == wide
     auto.observe(4, 0, kind=kind)  # this policy's own outcome: priced again
     assert auto.model_width(kind, 32) == 0 and auto.best([(None, 32, kind)], 1)[1] < auto.min_gain
+
+
+def test_probes_are_scheduled_across_an_engines_requests(tiny_target):
+    """`Probes`: a request's policy probes after the gap its engine's earlier requests left (not from 8
+    again), the gap doubling after each probe up to MAX_PROBE_GAP; a policy of its own starts at `first_probe`."""
+    from exactspec.engine import Engine
+    from exactspec.speculative.costmodel import MAX_PROBE_GAP, Probes
+
+    losing = CostModel(target_s=[0.05, 0.1, 0.15], frozen=True)
+
+    def probe_steps(auto: AutoGamma, steps: int) -> list[int]:
+        return [i for i in range(steps) if auto.choose([(1, 2)])]
+
+    assert probe_steps(AutoGamma(losing, first_probe=3), 25) == [2, 8, 20]  # gaps 3, 6, 12
+    shared = Probes(gap=4)
+    assert probe_steps(AutoGamma(losing, probes=shared), 5) == [3]
+    assert probe_steps(AutoGamma(losing, probes=shared), 12) == [6]  # the next request goes on: gap 8, 1 step in
+    schedule = Probes(gap=MAX_PROBE_GAP)
+    assert probe_steps(AutoGamma(losing, probes=schedule), 2 * MAX_PROBE_GAP) == [MAX_PROBE_GAP - 1, 2 * MAX_PROBE_GAP - 1]
+    engine = Engine(tiny_target, None, "prompt-lookup", "auto")
+    _, first = engine.drafting()
+    _, second = engine.drafting()
+    assert first.probes is second.probes and first.acceptance is second.acceptance
+
+
+def test_measured_costs_charge_a_change_of_shape(tiny_target):
+    """`measure_target`: T(1) is a one-token step after one-token steps; a wider pass is charged the change
+    of shape it pays and the one the next one-token step pays (llama.cpp builds a graph per new shape).
+    Measured on the real tiny target wrapped to take `change` seconds longer on a pass whose width
+    differs from the last one's."""
+    import time
+
+    from exactspec.speculative.costmodel import measure_target
+
+    class ShapeChanges:
+        def __init__(self, model, change: float):
+            self.model, self.change, self.last = model, change, None
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+        def forward(self, ids, *args, **kwargs):
+            if ids.shape[1] != self.last:
+                time.sleep(self.change)
+            self.last = ids.shape[1]
+            return self.model.forward(ids, *args, **kwargs)
+
+    plain = measure_target(tiny_target, max_k=4, context=8, reps=3)
+    slow = measure_target(ShapeChanges(tiny_target, 0.02), max_k=4, context=8, reps=3)
+    assert slow[0] == pytest.approx(plain[0], abs=0.01)  # steady steps: no change of shape
+    for k in range(2, 5):  # each wider pass: two changes of shape (its own, the next step's)
+        assert slow[k - 1] - plain[k - 1] == pytest.approx(0.04, abs=0.01)
+
+
+def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
+    """propose.next_lookup: a context-only copier under auto γ looks up again only once a match could have
+    grown to the shortest paying length (a match grows by at most a token per token the context gains).
+    Replayed token by token over a text that copies an earlier passage: every step whose full lookup finds a
+    paying match did look up, and the steps before the copy skipped most lookups."""
+    from exactspec.drafters.suffix import PromptLookupDrafter, SuffixIndex
+    from exactspec.speculative.propose import propose
+    from exactspec.speculative.rows import Row
+    from exactspec.speculative.sampling import SamplingParams
+
+    cost = CostModel([1.0 + 0.65 * k for k in range(33)], copies=True, frozen=True)  # matches of 5+ pay
+    auto = AutoGamma(cost, first_probe=10**6)
+    passage = list(range(100, 140))
+    text = list(range(200, 230)) + passage[:25] + list(range(300, 340)) + passage  # the passage, then its copy
+    row = Row(0, text[:2], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
+    looked, paying = [], []
+    for token in text[2:]:
+        propose([row], 10**6)
+        drafter = row.drafter
+        looked.append(drafter.index.length(drafter._doc) == len(row.context))  # synced: it looked up
+        reference = SuffixIndex(orders=drafter.orders)
+        reference.extend(reference.new_doc(), row.context)
+        match = reference.find(row.context[-drafter.max_match:])
+        paying.append(match is not None and match.length >= 5)
+        row.context.append(token)
+    assert auto.shortest_paying([("context", "greedy")], drafter.max_match) == 5
+    assert sum(paying) >= 20 and all(look for look, pays in zip(looked, paying) if pays)
+    assert sum(looked) < len(looked) // 2  # before the copy: one lookup in 3 or fewer

@@ -20,7 +20,7 @@ from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
 from .speculative.costmodel import (MAX_AUTO_GAMMA, TARGET_DEPTHS, Acceptance, AutoGamma, BatchCosts, CostModel,
                                     DepthCosts, deeper_depths, fitting_depth, measure_deeper, measure_drafter,
-                                    measure_target)
+                                    Probes, measure_target)
 from .speculative.interfaces import CausalLM, Drafter
 from .speculative.params import DRAFT_NAMES
 from .speculative.sampling import SamplingParams
@@ -40,7 +40,7 @@ def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[flo
     key = getattr(target, "cost_key", None)
     if key is None:
         return measure_depths(target, max_k)
-    path = cache_dir("target-costs") / f"{machine_key(2, key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
+    path = cache_dir("target-costs") / f"{machine_key(3, key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
 
     def read() -> tuple[list[int], list[list[float]]] | None:
         try:
@@ -82,6 +82,7 @@ class Drafting:
         self._batch_costs = BatchCosts()  # T(B, k), refined by batched auto-gamma iterations
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
         self._acceptance: dict[str, Acceptance] = {}  # per drafter: α by match length, across requests
+        self._probes: dict[str, Probes] = {}  # per drafter: auto γ's probe schedule, across requests
         self._bandit: DraftBandit | None = None  # what `draft="auto"` learned, kept across requests
 
     def set_store(self, budget_mb: float | None) -> None:
@@ -159,11 +160,15 @@ class Drafting:
             self._acceptance[draft] = Acceptance(self.prior_alpha)
         return self._acceptance[draft]
 
+    def probes(self, draft: str) -> Probes:
+        """When auto γ next probes a drafter's written-off copies (`Probes`), kept across requests."""
+        return self._probes.setdefault(draft, Probes())
+
     def policy(self, gamma: int | str, draft: str) -> tuple[Drafter | None, int | AutoGamma]:
         """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over the cost
         model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, is plain decoding)."""
         if gamma == "auto" and draft != "none":
-            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft))
+            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft), probes=self.probes(draft))
         elif gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
             gamma = 1
         return (self.make(draft, gamma) if gamma != 0 else None), gamma

@@ -405,8 +405,13 @@ def measure_deeper(model: CausalLM, max_k: int, depths: list[int], reps: int = D
 
 def _measure_at(model: CausalLM, context: int, ks: list[int], max_k: int, reps: int,
                 gen: torch.Generator) -> list[float]:
-    """T(1..max_k) on the model's warm cache of `context` tokens: medians at `ks`, linear between."""
+    """T(1..max_k) on the model's warm cache of `context` tokens: medians at `ks`, linear between. Priced as
+    decoding meets them: T(1) is a one-token step after one-token steps; a wider pass comes between
+    one-token steps, so it is charged what changing shape costs it AND the step after it (llama.cpp builds
+    a new graph for every new pass shape: ~0.5 ms per change, ~10% of a step, on a Zen 5 with the embedded
+    model): each wider k is measured after another shape, and charged once more for the step after it."""
     times: dict[int, list[float]] = {k: [] for k in ks}
+    steps: list[list[float]] = [[], []]  # one-token steps after the widest pass, after a one-token step
     for rep in range(reps + 1):
         for k in ks:
             ids = torch.randint(0, model.vocab_size, (1, k), generator=gen)
@@ -416,13 +421,23 @@ def _measure_at(model: CausalLM, context: int, ks: list[int], max_k: int, reps: 
             if rep:  # the first round warms up
                 times[k].append(time.perf_counter() - t)
             model.truncate(context)
+        for j in range(3):  # the first changes shape (after the widest k); the next two do not
+            ids = torch.randint(0, model.vocab_size, (1, 1), generator=gen)
+            t = time.perf_counter()
+            model.forward(ids)
+            synchronize(device_of(model))
+            if rep:
+                steps[min(j, 1)].append(time.perf_counter() - t)
+            model.truncate(context)
     med = {k: statistics.median(ts) for k, ts in times.items()}
+    one = min(med[1], statistics.median(steps[1]))
+    change = max(statistics.median(steps[0]) - one, 0.0)  # what a change of shape costs a pass
     out = []
     for k in range(1, max_k + 1):
         lo = max(j for j in ks if j <= k)
         hi = min(j for j in ks if j >= k)
         out.append(med[lo] if hi == lo else med[lo] + (med[hi] - med[lo]) * (k - lo) / (hi - lo))
-    return out
+    return [one, *(t + change for t in out[1:])]  # each wider k was measured after a change of shape
 
 
 # Match-length buckets: bucket 0 = no match information (model drafters: the paper's one α).
@@ -432,6 +447,7 @@ COPY_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.88, 0.93, 0.96)  # prior α per bucket 1..7:
 # bench's chat, edit, agent and agent-repeat with the embedded model, its copies of matches up to 8
 # tokens were accepted 0.1-0.5 of the time (the context's 0.4-0.8); of 9 and more, 0.55-1.
 STORE_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.8, 0.9, 0.95)
+MAX_PROBE_GAP = 512  # the most plain steps between two probes (`Probes`): a written-off copy is retried at least so often
 REPRICE = 16  # calls `AutoGamma.shortest_paying` answers from its last pricing (until an outcome)
 MAX_REST = 8  # the longest a batch sits out drafting (AutoGamma.resting): a copy found late loses at most this
 FORGET = 0.97  # each proposal's outcome discounts its bucket's earlier evidence (memory ~30 proposals)
@@ -505,6 +521,31 @@ class Acceptance:
         return self.successes[b] / (self.successes[b] + self.failures[b])
 
 
+@dataclass
+class Probes:
+    """When auto γ next verifies one draft that it does not expect to pay (a probe of γ = 1), so that an
+    acceptance it has written off gets measured again: after `gap` plain steps, the gap doubling after each
+    probe up to MAX_PROBE_GAP. An engine keeps one per drafter across its requests (`Drafting.probes`):
+    started over at 8 in every request, cold chat ran 17 probes in 768 steps, each a two-token pass at
+    ~1.9x a step on a Zen 5, ~2% of the run, where a shared schedule runs 6."""
+
+    gap: int = 8
+    plain_steps: int = 0  # plain steps since the last probe
+
+    def plain(self) -> bool:
+        """One more plain step: whether a probe is due now (the gap then doubles)."""
+        self.plain_steps += 1
+        if self.plain_steps < self.gap:
+            return False
+        self.plain_steps, self.gap = 0, min(2 * self.gap, MAX_PROBE_GAP)
+        return True
+
+    @property
+    def due(self) -> bool:
+        """Whether the next plain step would be a probe."""
+        return self.plain_steps + 1 >= self.gap
+
+
 class AutoGamma:
     """Chooses γ for every iteration from the cost model and what the engine has learned about the drafter.
 
@@ -514,18 +555,19 @@ class AutoGamma:
     docstring). In a batch, one width serves all rows (the forward is padded to it) and the iteration is
     priced by T(B, width + 1) against batched plain T(B, 1): as the batch fills, γ shrinks, then stops.
     While the best γ is 0 the loop decodes plainly and probes with γ=1 now and then, with the gap
-    doubling after each probe that still says "don't speculate", so a losing drafter costs a vanishing
-    fraction of the steps. Speculation must be predicted to win by `min_gain` before it is used:
+    doubling after each probe that still says "don't speculate" (`Probes`, shared by an engine's
+    requests), so a losing drafter costs a vanishing fraction of the steps. Speculation must be predicted to win by `min_gain` before it is used:
     measured costs are noisy and the per-iteration bookkeeping (warping γ+1 rows, verifying) is not in T(k).
     A row is priced at its context depth (`depth`: the decode loop sets it to len(row.context) before it
     drafts; every method's `depth` defaults to it, None: the base measurement's).
     """
 
     def __init__(self, cost: CostModel, prior_alpha: float = 0.3, prior_strength: float = 4.0,
-                 first_probe: int = 8, min_gain: float = 1.05, acceptance: Acceptance | None = None):
+                 first_probe: int = 8, min_gain: float = 1.05, acceptance: Acceptance | None = None,
+                 probes: Probes | None = None):
         self.cost, self.min_gain = cost, min_gain
         self.acceptance = acceptance if acceptance is not None else Acceptance(prior_alpha, prior_strength)
-        self.probe_gap, self.plain_steps = first_probe, 0
+        self.probes = probes if probes is not None else Probes(first_probe)
         self.rest, self.rest_gap = 0, 1  # batched iterations left to sit out, and the next rest (`resting`)
         self.depth: int | None = None  # the context depth of the row being priced (set by propose.py)
         self._prices: tuple | None = None  # (key, step costs, their floors): `_step_costs`
@@ -587,12 +629,13 @@ class AutoGamma:
         """The shortest match length (at most `longest`) at which a copy of one of `kinds` is predicted
         to pay at some width (`best`), so that a lookup need not look for shorter ones; every length
         while a probe is due (`choose`), so that a short match that has started to pay is found. Priced
-        again after every outcome (`observe`) and every REPRICE calls (costs drift slowly)."""
-        if self.plain_steps + 1 >= self.probe_gap:
+        again after every outcome (`observe`) and every REPRICE calls (costs drift slowly). A match's α is
+        its bucket's, so only the buckets' shortest lengths are priced."""
+        if self.probes.due:
             return 1
 
         def price() -> int:
-            for match in range(1, longest):
+            for match in (edge for edge in BUCKET_EDGES if edge < longest):
                 if any(self.best([(match, self.max_gamma, kind)], 1)[1] >= self.min_gain for kind in kinds):
                     return match
             return longest
@@ -628,11 +671,7 @@ class AutoGamma:
         gamma, gain = self.best(rows, batch, depth)
         if gamma > 0 and gain >= self.min_gain:
             return gamma
-        self.plain_steps += 1
-        if self.plain_steps >= self.probe_gap:
-            self.plain_steps, self.probe_gap = 0, self.probe_gap * 2
-            return 1
-        return 0
+        return 1 if self.probes.plain() else 0
 
     def resting(self) -> bool:
         """Whether a batch's copying rows skip drafting this iteration (one call per iteration). After an

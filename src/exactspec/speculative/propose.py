@@ -58,6 +58,10 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
         if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None):
             proposals.append((None, 0, 0.0, None))
             continue
+        bounded = own_copies(row)
+        if bounded and len(row.context) < row.lookup_at and not row.gamma.probes.due:
+            proposals.append((None, 0, 0.0, None))  # no match can have grown to a paying length yet
+            continue
         if batched_copies(rows, row) and row.law is None:  # the batch's copies may sit this iteration out
             if id(row.gamma) not in resting:
                 resting[id(row.gamma)] = (row.gamma, row.gamma.resting())
@@ -69,7 +73,11 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
         if key not in wants:
             wants[key] = budget(row.drafter, row.gamma, len(rows))
         try:
+            if bounded:
+                row.drafter.shortest = row.gamma.shortest_paying([("context", mode(row))], row.drafter.max_match)
             proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
+            if bounded:
+                next_lookup(row, proposal)
         except Exception as e:  # a drafter's or a grammar's failure: this row alone fails (no drafts)
             row.error, proposal, forced = e, None, 0
         proposals.append((proposal, forced, time.perf_counter() - t, kind(row)))
@@ -94,13 +102,36 @@ def batched_copies(rows: list[Row], row: Row) -> bool:
     return len(rows) > 1 and copying(row.drafter, row.gamma) and row.gamma.cost.ragged
 
 
+def own_copies(row: Row) -> bool:
+    """A row under auto γ whose drafter copies from the row's own context alone (prompt lookup), with no
+    law: its lookups can be spaced out (`next_lookup`)."""
+    return (row.law is None and isinstance(row.gamma, AutoGamma) and getattr(row.drafter, "sources", None) == ("context",))
+
+
+def next_lookup(row: Row, proposal: Proposal | None) -> None:
+    """When the row of a context-only copier under auto γ looks up again: once its context is long enough
+    that a match could have grown to the shortest length auto γ predicts to pay (`row.drafter.shortest`,
+    set before the lookup). A match grows by at most one token per token the context gains (the same
+    earlier occurrence, one token further on), so from a match of m tokens (none found: shorter than the
+    orders looked up) no copy can pay for `shortest` - m more tokens. In open chat, where only long
+    matches pay, most steps then skip the lookup and its pricing. Drafts never change what is emitted,
+    only how fast: a match the bound misses (an occurrence beyond the index's CHAIN walked) costs speed."""
+    shortest = row.drafter.shortest
+    found = proposal.match if proposal is not None and proposal.match else min(shortest, row.drafter.orders[0]) - 1
+    row.lookup_at = len(row.context) + max(1, shortest - found)
+
+
+def mode(row: Row) -> str:
+    return "greedy" if row.params.greedy else "sampled"
+
+
 def kind(row: Row) -> tuple | None:
     """What auto γ prices a copying drafter's proposal by, besides its match length: where the copy
     came from (the drafter's `source`: its own context unless it says otherwise) and whether the row
     samples (costmodel.Acceptance)."""
     if not getattr(row.drafter, "copies", False):
         return None
-    return (getattr(row.drafter, "source", None) or "context", "sampled" if not row.params.greedy else "greedy")
+    return (getattr(row.drafter, "source", None) or "context", mode(row))
 
 
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]]) -> dict[int, int]:
