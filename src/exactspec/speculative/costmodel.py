@@ -447,7 +447,7 @@ COPY_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.88, 0.93, 0.96)  # prior α per bucket 1..7:
 # bench's chat, edit, agent and agent-repeat with the embedded model, its copies of matches up to 8
 # tokens were accepted 0.1-0.5 of the time (the context's 0.4-0.8); of 9 and more, 0.55-1.
 STORE_PRIOR = (0.2, 0.3, 0.45, 0.6, 0.8, 0.9, 0.95)
-MAX_PROBE_GAP = 512  # the most plain steps between two probes (`Probes`): a written-off copy is retried at least so often
+MAX_PROBE_GAP = 512  # the most plain steps between two probes (`Probes`): a written-off copy is retried so often
 REPRICE = 16  # calls `AutoGamma.shortest_paying` answers from its last pricing (until an outcome)
 MAX_REST = 8  # the longest a batch sits out drafting (AutoGamma.resting): a copy found late loses at most this
 FORGET = 0.97  # each proposal's outcome discounts its bucket's earlier evidence (memory ~30 proposals)
@@ -556,8 +556,9 @@ class AutoGamma:
     priced by T(B, width + 1) against batched plain T(B, 1): as the batch fills, γ shrinks, then stops.
     While the best γ is 0 the loop decodes plainly and probes with γ=1 now and then, with the gap
     doubling after each probe that still says "don't speculate" (`Probes`, shared by an engine's
-    requests), so a losing drafter costs a vanishing fraction of the steps. Speculation must be predicted to win by `min_gain` before it is used:
-    measured costs are noisy and the per-iteration bookkeeping (warping γ+1 rows, verifying) is not in T(k).
+    requests), so a losing drafter costs a vanishing fraction of the steps. Speculation must be predicted
+    to win by `min_gain` before it is used: measured costs are noisy and the per-iteration bookkeeping
+    (warping γ+1 rows, verifying) is not in T(k).
     A row is priced at its context depth (`depth`: the decode loop sets it to len(row.context) before it
     drafts; every method's `depth` defaults to it, None: the base measurement's).
     """

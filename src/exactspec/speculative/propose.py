@@ -105,7 +105,8 @@ def batched_copies(rows: list[Row], row: Row) -> bool:
 def own_copies(row: Row) -> bool:
     """A row under auto γ whose drafter copies from the row's own context alone (prompt lookup), with no
     law: its lookups can be spaced out (`next_lookup`)."""
-    return (row.law is None and isinstance(row.gamma, AutoGamma) and getattr(row.drafter, "sources", None) == ("context",))
+    return (row.law is None and isinstance(row.gamma, AutoGamma)
+            and getattr(row.drafter, "sources", None) == ("context",))
 
 
 def next_lookup(row: Row, proposal: Proposal | None) -> None:

@@ -34,7 +34,7 @@ class Row:
     context: list[int] = field(init=False)
     produced: int = 0
     started: float = 0.0
-    lookup_at: int = 0  # auto γ over a context-only copier: no lookup before the context is this long (propose.next_lookup)
+    lookup_at: int = 0  # auto γ, a context-only copier: no lookup before the context is this long (next_lookup)
     rule: object = None  # its accept.Rule: how its drafts are accepted, set once when it joins a decoder
     uniforms: Uniforms = field(init=False)  # its random numbers by output position (drawn from `generator`)
 
