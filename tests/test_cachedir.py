@@ -7,6 +7,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from exactspec.cachedir import cache_dir, machine_key, measured_once, write_atomic
 
 
@@ -47,3 +49,26 @@ def test_what_is_measured_under_another_openmp_waiting_policy_is_another_entry(m
     passive = machine_key(1, "model")
     monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
     assert len({default, passive, machine_key(1, "model")}) == 3
+
+
+def test_a_measurement_runs_in_a_thread_of_its_own_that_exits(tmp_path):
+    """`measured_once` measures in a thread that then exits (`in_own_thread`): OpenMP keeps a team of threads
+    per thread that computed, and a self-test's team left on the caller's thread made a server's worker
+    decode at half speed (libgomp's throttled waiting). Its value comes back; its exception is raised."""
+    from exactspec.cachedir import in_own_thread
+
+    seen = []
+
+    def measure() -> int:
+        seen.append(threading.current_thread())
+        return 7
+
+    path = tmp_path / "entry.json"
+    assert measured_once(path, lambda: None, measure, lambda value: None) == 7
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+
+    def fails() -> int:
+        raise ValueError("measured badly")
+
+    with pytest.raises(ValueError, match="measured badly"):
+        in_own_thread(fails)

@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -104,6 +105,31 @@ def measured_once(path: Path, read: Callable[[], T | None], measure: Callable[[]
     with one_at_a_time(path):
         value = read()
         if value is None:
-            value = measure()
+            value = in_own_thread(measure)
             write(value)
     return value
+
+
+def in_own_thread(work: Callable[[], T]) -> T:
+    """work()'s result, computed in a thread of its own that then exits (its exception raised here).
+    llama.cpp and torch compute on OpenMP, and libgomp keeps a team of threads for every thread that ever
+    ran a parallel region. A measurement run on the caller's thread left its team parked there; once a
+    server's worker thread decoded with a team of its own, libgomp counted more threads than CPUs and
+    stopped spinning between a step's parallel regions (its throttled mode), so every step paid for
+    waking its threads: after a fresh llama.cpp self-test, the agent workload decoded from a worker
+    thread at 46 and 84 tokens/s (cold, warm), against 73 and 164 with the verdict read from the cache
+    (Zen 5, 2 threads). A thread that exits takes its team with it."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = work()
+        except BaseException as e:  # raised in the caller's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=run, name="exactspec-measure")
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
