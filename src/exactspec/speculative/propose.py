@@ -114,8 +114,8 @@ def next_lookup(row: Row, proposal: Proposal | None) -> None:
     that a match could have grown to the shortest length auto γ predicts to pay (`row.drafter.shortest`,
     set before the lookup). A match grows by at most one token per token the context gains (the same
     earlier occurrence, one token further on), so from a match of m tokens (none found: shorter than the
-    orders looked up) no copy can pay for `shortest` - m more tokens. In open chat, where only long
-    matches pay, most steps then skip the lookup and its pricing. Drafts never change what is emitted,
+    orders looked up) no copy can pay for `shortest` - m more tokens. Where only long matches pay, steps
+    then skip the lookup and its pricing. Drafts never change what is emitted,
     only how fast: a match the bound misses (an occurrence beyond the index's CHAIN walked) costs speed."""
     shortest = row.drafter.shortest
     found = proposal.match if proposal is not None and proposal.match else min(shortest, row.drafter.orders[0]) - 1
@@ -123,6 +123,7 @@ def next_lookup(row: Row, proposal: Proposal | None) -> None:
 
 
 def mode(row: Row) -> str:
+    """How the row's drafts are accepted, as auto γ keys its acceptance (costmodel.Acceptance.of)."""
     return "greedy" if row.params.greedy else "sampled"
 
 
