@@ -424,6 +424,10 @@ def test_probes_are_scheduled_across_an_engines_requests(tiny_target):
     schedule = Probes(gap=MAX_PROBE_GAP)
     steps = probe_steps(AutoGamma(losing, probes=schedule), 2 * MAX_PROBE_GAP)
     assert steps == [MAX_PROBE_GAP - 1, 2 * MAX_PROBE_GAP - 1]  # capped: no wider gap
+    waiting = Probes(gap=4)
+    for _ in range(10):  # steps that skip their lookup count, but the probe waits for one that looks up
+        waiting.skipped()
+    assert waiting.due and waiting.plain_steps == 3 and waiting.plain() and waiting.gap == 8
     engine = Engine(tiny_target, None, "prompt-lookup", "auto")
     _, first = engine.drafting()
     _, second = engine.drafting()
@@ -432,31 +436,32 @@ def test_probes_are_scheduled_across_an_engines_requests(tiny_target):
 
 def test_measured_costs_charge_a_change_of_shape(tiny_target):
     """`measure_target`: T(1) is a one-token step after one-token steps; a wider pass is charged the change
-    of shape it pays and the one the next one-token step pays (llama.cpp builds a graph per new shape).
-    Measured on the real tiny target wrapped to take `change` seconds longer on a pass whose width
-    differs from the last one's."""
+    of shape it pays and the one the next one-token step pays (llama.cpp builds a graph per new shape), the
+    latter at most CHANGE_CAP of a step. Measured on the real tiny target wrapped to take `step` seconds
+    more per pass, and `change` more on a pass whose width differs from the last one's."""
     import time
 
-    from exactspec.speculative.costmodel import measure_target
+    from exactspec.speculative.costmodel import CHANGE_CAP, measure_target
 
     class ShapeChanges:
-        def __init__(self, model, change: float):
-            self.model, self.change, self.last = model, change, None
+        def __init__(self, model, step: float, change: float):
+            self.model, self.step, self.change, self.last = model, step, change, None
 
         def __getattr__(self, name):
             return getattr(self.model, name)
 
         def forward(self, ids, *args, **kwargs):
-            if ids.shape[1] != self.last:
-                time.sleep(self.change)
+            time.sleep(self.step + (self.change if ids.shape[1] != self.last else 0.0))
             self.last = ids.shape[1]
             return self.model.forward(ids, *args, **kwargs)
 
-    plain = measure_target(tiny_target, max_k=4, context=8, reps=3)
-    slow = measure_target(ShapeChanges(tiny_target, 0.02), max_k=4, context=8, reps=3)
-    assert slow[0] == pytest.approx(plain[0], abs=0.01)  # steady steps: no change of shape
-    for k in range(2, 5):  # each wider pass: two changes of shape (its own, the next step's)
-        assert slow[k - 1] - plain[k - 1] == pytest.approx(0.04, abs=0.01)
+    plain = measure_target(ShapeChanges(tiny_target, 0.02, 0.0), max_k=4, context=8, reps=3)
+    small = measure_target(ShapeChanges(tiny_target, 0.02, 0.004), max_k=4, context=8, reps=3)
+    large = measure_target(ShapeChanges(tiny_target, 0.02, 0.03), max_k=4, context=8, reps=3)
+    assert small[0] == pytest.approx(plain[0], abs=0.003) and large[0] == pytest.approx(plain[0], abs=0.003)
+    for k in range(2, 5):  # each wider pass: its own change of shape, and the next step's
+        assert small[k - 1] - plain[k - 1] == pytest.approx(2 * 0.004, abs=0.003)
+        assert large[k - 1] - plain[k - 1] == pytest.approx(0.03 + CHANGE_CAP * large[0], abs=0.004)
 
 
 def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():

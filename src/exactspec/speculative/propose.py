@@ -60,7 +60,8 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
             continue
         bounded = own_copies(row)
         if bounded and len(row.context) < row.lookup_at and not row.gamma.probes.due:
-            proposals.append((None, 0, 0.0, None))  # no match can have grown to a paying length yet
+            row.gamma.probes.skipped()  # no match can have grown to a paying length yet
+            proposals.append((None, 0, 0.0, None))
             continue
         if batched_copies(rows, row) and row.law is None:  # the batch's copies may sit this iteration out
             if id(row.gamma) not in resting:
