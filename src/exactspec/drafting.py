@@ -40,7 +40,7 @@ def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[flo
     key = getattr(target, "cost_key", None)
     if key is None:
         return measure_depths(target, max_k)
-    path = cache_dir("target-costs") / f"{machine_key(3, key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
+    path = cache_dir("target-costs") / f"{machine_key(4, key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
 
     def read() -> tuple[list[int], list[list[float]]] | None:
         try:
