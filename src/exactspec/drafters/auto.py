@@ -32,7 +32,7 @@ import torch
 
 from ..speculative.sampling import SamplingParams
 from ..speculative.theory import expected_tokens
-from ..speculative.costmodel import AutoGamma
+from ..speculative.costmodel import AutoGamma, sampling_mode
 from ..speculative.interfaces import Drafter, Proposal
 
 
@@ -130,7 +130,7 @@ class AutoDrafter:
 
     def _priced(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None,
                 law) -> Proposal:
-        mode = "greedy" if params.greedy else "sampled"
+        mode = sampling_mode(params)
         copies = []  # (predicted speed-up, arm, proposal, source)
         for name, arm in self.arms.items():
             if getattr(arm, "copies", False):

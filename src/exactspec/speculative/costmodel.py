@@ -413,23 +413,26 @@ def _measure_at(model: CausalLM, context: int, ks: list[int], max_k: int, reps: 
     model): each wider k is measured after another shape, and charged once more for the step after it."""
     times: dict[int, list[float]] = {k: [] for k in ks}
     steps: list[list[float]] = [[], []]  # one-token steps after the widest pass, after a one-token step
-    for rep in range(reps + 1):
+
+    def timed(k: int) -> float:
+        """Seconds of one forward over k random tokens on the warm cache, which is then cut back."""
+        ids = torch.randint(0, model.vocab_size, (1, k), generator=gen)
+        t = time.perf_counter()
+        model.forward(ids)
+        synchronize(device_of(model))
+        seconds = time.perf_counter() - t
+        model.truncate(context)
+        return seconds
+
+    for rep in range(reps + 1):  # the first round warms up
         for k in ks:
-            ids = torch.randint(0, model.vocab_size, (1, k), generator=gen)
-            t = time.perf_counter()
-            model.forward(ids)
-            synchronize(device_of(model))
-            if rep:  # the first round warms up
-                times[k].append(time.perf_counter() - t)
-            model.truncate(context)
-        for j in range(3):  # the first changes shape (after the widest k); the next two do not
-            ids = torch.randint(0, model.vocab_size, (1, 1), generator=gen)
-            t = time.perf_counter()
-            model.forward(ids)
-            synchronize(device_of(model))
+            seconds = timed(k)
             if rep:
-                steps[min(j, 1)].append(time.perf_counter() - t)
-            model.truncate(context)
+                times[k].append(seconds)
+        for j in range(3):  # the first changes shape (after the widest k); the next two do not
+            seconds = timed(1)
+            if rep:
+                steps[min(j, 1)].append(seconds)
     med = {k: statistics.median(ts) for k, ts in times.items()}
     one = min(med[1], statistics.median(steps[1]))
     # what a change of shape costs a pass: from the fastest of each kind (a step slowed by another process
@@ -467,6 +470,12 @@ def bucket(match: int | None) -> int:
 
 
 _BUCKETS = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(2 * BUCKET_EDGES[-1])]
+
+
+def sampling_mode(params) -> str:
+    """"greedy" or "sampled": half of the key a copy's acceptance is learned under (`Acceptance.of`), since
+    a sampled row keeps a copied token less often than a greedy one."""
+    return "greedy" if params.greedy else "sampled"
 
 
 class Acceptance:

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .costmodel import AutoGamma, ragged_widths
+from .costmodel import AutoGamma, ragged_widths, sampling_mode
 from .interfaces import Drafter, Proposal
 from .law import TargetLaw
 from .rows import Draft, Row
@@ -75,7 +75,7 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
             wants[key] = budget(row.drafter, row.gamma, len(rows))
         try:
             if bounded:
-                row.drafter.shortest = row.gamma.shortest_paying([("context", mode(row))], row.drafter.max_match)
+                row.drafter.shortest = row.gamma.shortest_paying([("context", sampling_mode(row.params))], row.drafter.max_match)
             proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
             if bounded:
                 next_lookup(row, proposal)
@@ -116,16 +116,11 @@ def next_lookup(row: Row, proposal: Proposal | None) -> None:
     set before the lookup). A match grows by at most one token per token the context gains (the same
     earlier occurrence, one token further on), so from a match of m tokens (none found: shorter than the
     orders looked up) no copy can pay for `shortest` - m more tokens. Where only long matches pay, steps
-    then skip the lookup and its pricing. Drafts never change what is emitted,
-    only how fast: a match the bound misses (an occurrence beyond the index's CHAIN walked) costs speed."""
+    then skip the lookup and its pricing. Drafts never change what is emitted, only how fast: a match
+    the bound misses (an occurrence beyond the index's CHAIN walked) costs speed."""
     shortest = row.drafter.shortest
     found = proposal.match if proposal is not None and proposal.match else min(shortest, row.drafter.orders[0]) - 1
     row.lookup_at = len(row.context) + max(1, shortest - found)
-
-
-def mode(row: Row) -> str:
-    """How the row's drafts are accepted, as auto γ keys its acceptance (costmodel.Acceptance.of)."""
-    return "greedy" if row.params.greedy else "sampled"
 
 
 def kind(row: Row) -> tuple | None:
@@ -134,7 +129,7 @@ def kind(row: Row) -> tuple | None:
     samples (costmodel.Acceptance)."""
     if not getattr(row.drafter, "copies", False):
         return None
-    return (getattr(row.drafter, "source", None) or "context", mode(row))
+    return (getattr(row.drafter, "source", None) or "context", sampling_mode(row.params))
 
 
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]]) -> dict[int, int]:
