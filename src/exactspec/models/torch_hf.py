@@ -5,7 +5,9 @@ costs about what dense matmuls cost; packed-GGUF kernels made it 1.7-2.2x a 1-to
 a GGUF loads from its cached conversion (checkpoint.py), as the transformers-free module of
 light_llama.py when only the lean forward will run it.
 The KV cache is a transformers `DynamicCache`; rollback is `crop` (which in transformers 5.x takes
-the negative number of tokens to drop).
+the negative number of tokens to drop). Sliding-window and chunked-attention layers keep their whole
+history (`rollback_cache`): transformers' window layers drop what falls out of the window, so a rollback
+past it cannot be undone, and a verification pass rolls back every iteration.
 """
 
 from __future__ import annotations
@@ -67,9 +69,6 @@ class HFCausalLM(OneRow):
     """`CausalLM` over a transformers model with one sequence (batch 1) and a DynamicCache."""
 
     def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None):
-        from transformers import DynamicCache
-
-        self._cache_cls = DynamicCache
         self.module = module
         self._cache_kw = cache_kwarg(module)  # read once: a signature lookup per step is needless work
         self.device = next(module.parameters()).device
@@ -88,7 +87,7 @@ class HFCausalLM(OneRow):
 
     def reset(self, batch: int = 1) -> None:
         self._set_rows(batch)
-        self.cache = self._cache_cls(config=self.module.config)
+        self.cache = rollback_cache(self.module.config)
         self._length = 0
 
     @torch.inference_mode()
@@ -117,11 +116,26 @@ def cache_kwarg(module: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
+def rollback_cache(config):
+    """A DynamicCache for `config` that rolls back to any length: its sliding-window and chunked layers
+    are whole-history layers. Their attention masks still apply the window (transformers builds the
+    window mask from the config, over whatever keys the layer holds), so the logits are the windowed
+    model's; the memory is a full layer's."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    return cache
+
+
 def crop(cache, cached: int, length: int) -> int:
     """Roll a transformers cache holding `cached` tokens back to `length` (transformers 5.x: `crop(-n)`
     drops the last n; an EncoderDecoderCache crops its self-attention half only). Returns `length`."""
     if length > cached:
         raise ValueError(f"cannot truncate to {length}: only {cached} tokens cached")
+    if length < cached and any(cache.is_linear):
+        raise ExactSpecError("this model's recurrent layers (linear attention or convolution states) cannot roll "
+                             "back a rejected draft: decode it with --gamma 0")
     if length < cached:
         cache.crop(length - cached)
     return length
