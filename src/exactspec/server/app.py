@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP app: chat and text completions (streaming or not), models, health, metrics.
+"""The HTTP app: OpenAI chat and text completions, OpenAI Responses and Anthropic Messages (streaming or
+not), models, health, metrics. Every API is one front door (doors.py) over the same internal request.
 
 The event loop only parses and relays. A request is translated (translate.py: validated against
 limits.py, its constraint compiled once, its messages rendered and tokenised, one job per sample)
@@ -18,18 +19,22 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
+from pydantic import ValidationError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Engine
 from ..errors import ExactSpecError
+from . import anthropic_messages, openai_responses
+from .auth import ApiKey
 from .body_limit import BodyLimit, unparsable
+from .doors import ChatDoor, Door, stop_sequence
 from .families import tool_format
 from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
 from .offload import Preparer
-from .responses import Shapes, error_body, sse
+from .responses import Shapes, error_body
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .streaming import StreamedChoice
 from .tools import ToolPlan
@@ -39,16 +44,20 @@ from .worker import Job, Piece, Worker
 __all__ = ["CHAT", "CLIENT_CLOSED", "MAX_TOKENS_DEFAULT", "TEXT", "ApiError", "Routes", "create_app"]
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+RESPONSES, MESSAGES = openai_responses.ENDPOINT, anthropic_messages.ENDPOINT
+ENDPOINTS = (CHAT, TEXT, RESPONSES, MESSAGES)  # counted by /metrics per endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the response was complete
 T = TypeVar("T")
 
 
 def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16,
-               max_body_bytes: int = MAX_BODY_BYTES, max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, max_tokens_default: int | None = MAX_TOKENS_DEFAULT,
+               api_key: str | None = None) -> FastAPI:
     """An app serving `engine` under `model_name`; it starts its worker thread on startup.
     `max_rows`: samples decoded together in one batch (1: one at a time); `max_body_bytes`: the
     largest request body accepted (413 beyond it, while the body is read); `max_tokens_default`: the
-    budget of a request that gives no max_tokens (None: the rest of the context)."""
+    budget of a request that gives no max_tokens (None: the rest of the context); `api_key`: the key
+    every request but /health must carry (auth.py; None: none)."""
     metrics = Metrics()
     metrics.watch_prefix_cache(engine)
     routes = Routes(engine, Worker(engine, metrics, max_rows), metrics, model_name, max_tokens_default)
@@ -65,17 +74,27 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
     app.state.engine, app.state.worker, app.state.metrics, app.state.routes = engine, routes.worker, metrics, routes
 
     def too_large(path: str) -> tuple[int, bytes]:
-        if path in (CHAT, TEXT):
-            metrics.observe_request(path, 413)
-        body = error_body(f"the request body is larger than {max_body_bytes} bytes", code="request_too_large")
-        return 413, json.dumps(body).encode()
+        error = ApiError(413, f"the request body is larger than {max_body_bytes} bytes", code="request_too_large")
+        return 413, json.dumps(routes.error_shape(path, error)).encode()
+
+    def unauthorized(path: str) -> tuple[int, bytes]:
+        error = ApiError(401, "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)",
+                         code="invalid_api_key")
+        return 401, json.dumps(routes.error_shape(path, error)).encode()
 
     app.add_middleware(BodyLimit, limit=max_body_bytes, refuse=too_large)
+    if api_key is not None:
+        app.add_middleware(ApiKey, key=api_key, refuse=unauthorized)  # outermost: before the body is read
     app.add_exception_handler(ApiError, routes.api_error)
     app.add_exception_handler(RequestValidationError, routes.invalid)
     app.add_exception_handler(StarletteHTTPException, routes.http_error)
     app.post(CHAT)(routes.chat_completions)
     app.post(TEXT)(routes.completions)
+    app.post(RESPONSES)(routes.responses)
+    app.post(RESPONSES + "/input_tokens")(routes.response_input_tokens)
+    app.get(RESPONSES + "/{response_id}")(routes.stored_response)
+    app.post(MESSAGES)(routes.messages)
+    app.post(anthropic_messages.COUNT)(routes.count_message_tokens)
     app.get("/v1/models")(routes.models)
     app.get("/health")(routes.health)
     app.get("/metrics")(routes.prometheus)
@@ -90,13 +109,20 @@ class Routes:
         self.engine, self.worker, self.metrics, self.model_name = engine, worker, metrics, model_name
         self.max_tokens_default = max_tokens_default
         self.preparer = Preparer()
+        self.store = openai_responses.ResponseStore()
         self.started = int(time.time())
 
     # --- errors --------------------------------------------------------------------------------
+    def error_shape(self, path: str, error: ApiError) -> dict:
+        """The error object of the API at `path` (counted by /metrics for an endpoint)."""
+        if path in ENDPOINTS:
+            self.metrics.observe_request(path, error.status)
+        if path.startswith(MESSAGES):
+            return anthropic_messages.error_body(error.status, error.message)
+        return error_body(error.message, error.param, error.code, error.type)
+
     def refuse(self, request: Request, error: ApiError) -> JSONResponse:
-        if request.url.path in (CHAT, TEXT):
-            self.metrics.observe_request(request.url.path, error.status)
-        return JSONResponse(error_body(error.message, error.param, error.code, error.type), status_code=error.status)
+        return JSONResponse(self.error_shape(request.url.path, error), status_code=error.status)
 
     async def api_error(self, request: Request, error: ApiError) -> JSONResponse:
         return self.refuse(request, error)
@@ -120,16 +146,55 @@ class Routes:
         jobs = await self.preparer.run(plan_text, self.engine, body, self.max_tokens_default)
         return await self.complete(request, body, TEXT, jobs)
 
+    async def responses(self, body: dict, request: Request) -> Response:
+        """OpenAI Responses (openai_responses.py): one translator, the chat request, behind it."""
+        chat, conversation = openai_responses.to_chat(body, self.store)
+        door = openai_responses.ResponsesDoor(body, conversation, self.store, self.model_name)
+        return await self.through(request, chat, RESPONSES, door)
+
+    async def response_input_tokens(self, body: dict) -> dict:
+        """The tokens a Responses request's prompt would have."""
+        chat, _ = openai_responses.to_chat({**body, "stream": False}, self.store)
+        return {"object": "response.input_tokens", "input_tokens": await self.count(chat, RESPONSES)}
+
+    async def stored_response(self, response_id: str) -> dict:
+        return self.store.get(response_id)[0]
+
+    async def messages(self, body: dict, request: Request) -> Response:
+        """Anthropic Messages (anthropic_messages.py): one translator, the chat request, behind it."""
+        chat = anthropic_messages.to_chat(body)
+        stops, tokenizer = chat.get("stop"), self.engine.tokenizer
+        stops = [stops] if isinstance(stops, str) else stops or []
+        eos = self.engine.target.eos_token_ids
+        door = anthropic_messages.MessagesDoor(self.model_name,
+                                               lambda r: stop_sequence(r, stops, eos, tokenizer.decode))
+        return await self.through(request, chat, MESSAGES, door)
+
+    async def count_message_tokens(self, body: dict) -> dict:
+        return {"input_tokens": await self.count(anthropic_messages.to_chat(body, counting=True), MESSAGES)}
+
+    async def through(self, request: Request, chat: dict, endpoint: str, door: Door) -> Response:
+        """A front door's request as the chat request it translates to, answered in the door's shapes."""
+        body = chat_request(chat, endpoint)
+        jobs, tools = await self.preparer.run(plan_chat, self.engine, body, self.max_tokens_default)
+        return await self.complete(request, body, endpoint, jobs, tools, door)
+
+    async def count(self, chat: dict, endpoint: str) -> int:
+        body = chat_request({**chat, "stream": False}, endpoint)
+        jobs, _ = await self.preparer.run(plan_chat, self.engine, body, self.max_tokens_default)
+        return len(jobs[0].result.prompt_token_ids)
+
     async def complete(self, request: Request, body: GenerationRequest, endpoint: str, jobs: list[Job],
-                       tools: ToolPlan | None = None) -> Response:
-        """Run a translated request: its response, streamed or whole."""
+                       tools: ToolPlan | None = None, door: Door | None = None) -> Response:
+        """Run a translated request: its response, streamed or whole, in `door`'s shapes (chat's by default)."""
+        door = door or ChatDoor(body.include_usage)
         engine, metrics = self.engine, self.metrics
-        shapes = Shapes(endpoint == CHAT, self.model_name, self.token_text, tools, engine.token_bytes,
+        shapes = Shapes(endpoint != TEXT, self.model_name, self.token_text, tools, engine.token_bytes,
                         reproducible(engine, body), engine.runtime()["identity"])
         start = time.perf_counter()
         prompt_tokens = len(jobs[0].result.prompt_token_ids)
         if body.stream:
-            return await self.start_stream(request, shapes, body, endpoint, jobs, start)
+            return await self.start_stream(request, shapes, door, endpoint, jobs, start)
         metrics.running.inc()
         try:
             completed, _ = await _unless_disconnected(request, self.run_all(jobs))
@@ -141,13 +206,14 @@ class Routes:
         metrics.observe_prefill(jobs[0].result, engine.prefix_cache is not None)
         if not completed:
             return Response(status_code=CLIENT_CLOSED)
-        return JSONResponse(shapes.response(prompt_tokens, [job.result for job in jobs]))
+        results = [job.result for job in jobs]
+        return JSONResponse(door.whole(shapes.response(prompt_tokens, results), results))
 
     async def run_all(self, jobs: list[Job]) -> None:
         async for _ in self.worker.generate_all(jobs, pieces=False):
             pass
 
-    async def start_stream(self, request: Request, shapes: Shapes, body: GenerationRequest, endpoint: str,
+    async def start_stream(self, request: Request, shapes: Shapes, door: Door, endpoint: str,
                            jobs: list[Job], start: float) -> Response:
         """The streamed response, begun once the worker's first event is in: an error before it (the
         first step's: a grammar llguidance rejects on its first token) is a 4xx like the non-streamed
@@ -163,36 +229,41 @@ class Routes:
         if not completed:
             self.metrics.observe_request(endpoint, CLIENT_CLOSED, time.perf_counter() - start)
             return Response(status_code=CLIENT_CLOSED)
-        return StreamingResponse(self.stream(shapes, body, endpoint, jobs, start, _resumed(first, events)),
+        return StreamingResponse(self.stream(shapes, door, endpoint, jobs, start, _resumed(first, events)),
                                  media_type="text/event-stream")
 
-    async def stream(self, shapes: Shapes, body: GenerationRequest, endpoint: str, jobs: list[Job],
+    async def stream(self, shapes: Shapes, door: Door, endpoint: str, jobs: list[Job],
                      start: float, events: AsyncIterator[tuple[int, Piece | None]]) -> AsyncIterator[str]:
-        """Server-sent events: every sample's chunks as they come (`events`: the worker's, for `jobs`),
-        errors in-band, then [DONE]."""
+        """Server-sent events in `door`'s shapes: every sample's chunks as they come (`events`: the
+        worker's, for `jobs`), errors in-band, then the door's closing events."""
         self.metrics.running.inc()
-        status = CLIENT_CLOSED  # until [DONE] is on its way
+        status = CLIENT_CLOSED  # until the closing events are on their way
         try:
+            for text in door.opening():
+                yield text
             choices = [StreamedChoice(shapes, index) for index in range(len(jobs))]
             for choice in choices:
                 for chunk in choice.start():
-                    yield sse(chunk)
+                    for text in door.chunk(chunk):
+                        yield text
             async for index, piece in events:  # the samples' pieces, interleaved
                 choice = choices[index]
                 for chunk in choice.finish(jobs[index].result) if piece is None else choice.piece(piece):
-                    yield sse(chunk)
-            if body.include_usage:
-                yield sse(shapes.usage_chunk(len(jobs[0].result.prompt_token_ids), [job.result for job in jobs]))
+                    for text in door.chunk(chunk):
+                        yield text
+            results = [job.result for job in jobs]
+            closing = door.closing(shapes.usage_chunk(len(results[0].prompt_token_ids), results), results)
             status = 200
         except Exception as e:  # the response has started: report the error in-band
             error = _job_error(e)
             status = error.status
-            yield sse(error_body(error.message, error.param, error.code, error.type))
+            closing = door.failure(error)
         finally:
             self.metrics.running.dec()
             self.metrics.observe_request(endpoint, status, time.perf_counter() - start)
             self.metrics.observe_prefill(jobs[0].result, self.engine.prefix_cache is not None)
-        yield sse("[DONE]")
+        for text in closing:
+            yield text
 
     def token_text(self, token: int) -> str:
         return self.engine.tokenizer.decode([token])
@@ -216,6 +287,23 @@ class Routes:
         """Prometheus text exposition of this app's registry."""
         body, content_type = self.metrics.render()
         return Response(body, media_type=content_type)
+
+
+RENAMED = {RESPONSES: {"max_tokens": "max_output_tokens", "messages": "input"}}  # chat's name -> the door's
+
+
+def chat_request(chat: dict, endpoint: str) -> ChatCompletionRequest:
+    """A front door's translation, checked as a chat request: a field it got wrong is a 400 naming it
+    by the door's name for it."""
+    try:
+        return ChatCompletionRequest.model_validate(chat)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(part) for part in first["loc"]]
+        if loc:
+            loc[0] = RENAMED.get(endpoint, {}).get(loc[0], loc[0])
+        where = ".".join(loc)
+        raise ApiError(400, f"{where}: {first['msg']}", where or None) from None
 
 
 def _validation_error(error: RequestValidationError) -> ApiError:

@@ -17,7 +17,8 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
-        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics. "
+        description="Serve /v1/chat/completions, /v1/completions, /v1/responses (OpenAI Responses), "
+                    "/v1/messages (Anthropic Messages), /v1/models, /health and /metrics. "
                     "One worker thread runs the model; concurrent requests (and a request's n samples) "
                     "decode as rows of one batch, new requests joining between iterations.")
     add_model_args(p)
@@ -38,6 +39,12 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                         f"{PREFILL_CHUNK}: a long prompt joining delays each running stream's next token by about "
                         f"one chunk's prefill, not its whole prompt's; 0 = prefill each prompt whole). Outputs "
                         f"are identical either way")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require this key on every request but /health (Authorization: Bearer KEY or x-api-key: "
+                        "KEY); also read from $EXACTSPEC_API_KEY. Without one, anyone who reaches the port can use "
+                        "the model")
+    p.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help="read the key from the first line of FILE (keeps it out of the process list)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id reported by /v1/models and in responses (default: the target's file name)")
     p.set_defaults(func=cmd_serve)
@@ -51,6 +58,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_serve_args(args)
     import uvicorn
 
+    from .auth import read_key
+
+    api_key = read_key(args.api_key, args.api_key_file)
+
     from .app import create_app
 
     engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb, rows=args.max_rows,
@@ -60,8 +71,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     tools = tool_format(getattr(engine.tokenizer, "chat_template", None))
     print(f"exactspec: serving on {engine.hardware}; {engine.context_line()}; tools in the {tools} format; "
-          f"greedy identity {engine.runtime()['greedy_identity']}", file=sys.stderr, flush=True)
-    app = create_app(engine, model_name(args), args.max_rows, max_tokens_default=args.max_tokens_default or None)
+          f"greedy identity {engine.runtime()['greedy_identity']}; "
+          f"{'an API key is required' if api_key else 'no API key'}", file=sys.stderr, flush=True)
+    if api_key is None and not loopback(args.host):
+        print(f"exactspec: warning: serving on {args.host} without an API key: anyone who reaches this port can "
+              "use the model (--api-key-file FILE)", file=sys.stderr, flush=True)
+    app = create_app(engine, model_name(args), args.max_rows, max_tokens_default=args.max_tokens_default or None,
+                     api_key=api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
@@ -88,6 +104,18 @@ def check_serve_args(args: argparse.Namespace) -> None:
     except ImportError as e:
         raise ExactSpecError(f"the server needs its extra dependencies ({e.name} is missing): "
                              "pip install 'exactspec[server]'") from None
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` binds this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def model_name(args: argparse.Namespace) -> str:
