@@ -272,3 +272,85 @@ def test_openai_agents_sdk_tool_loop(api, stream):
     bodies = api.recorder.take()
     assert len(bodies) == 2 and not bodies[1].get("tools") and all(b.get("stream", False) == stream for b in bodies)
     check_loop(bodies, "get_forecast", ran, "required")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_openai_agents_sdk_default_responses_model_tool_loop(api, stream):
+    """The Agents SDK's default model speaks the Responses API: the call arrives as a function_call
+    item, its result goes back as a function_call_output item under the call's id."""
+    import asyncio
+
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    ran: list[dict] = []
+
+    @function_tool(is_enabled=lambda ctx, agent: not ran)
+    def get_forecast(city: Literal["Paris", "London", "Rome"]) -> str:
+        """Get today's weather forecast for a city."""
+        ran.append({"city": city})
+        return forecast(city)
+
+    client = AsyncOpenAI(base_url=f"{api.base}/v1", api_key="unused", max_retries=0, timeout=60)
+    agent = Agent(name="forecaster", instructions="Answer in one sentence.", tools=[get_forecast],
+                  model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+                  model_settings=ModelSettings(tool_choice="required", max_tokens=32, temperature=0))
+    if stream:
+        async def streamed():
+            run = Runner.run_streamed(agent, QUESTION, max_turns=3)
+            [event async for event in run.stream_events()]
+            return run
+
+        result = asyncio.run(streamed())
+    else:
+        result = Runner.run_sync(agent, QUESTION, max_turns=3)
+    assert isinstance(result.final_output, str) and result.final_output
+    assert [type(item) for item in result.new_items] == [ToolCallItem, ToolCallOutputItem, MessageOutputItem]
+    first, second = api.recorder.take()
+    assert first["tool_choice"] == "required" and first["instructions"] == "Answer in one sentence."
+    schema = next(t["parameters"] for t in first["tools"] if t["name"] == "get_forecast")
+    call = next(i for i in second["input"] if i.get("type") == "function_call")
+    jsonschema.validate(json.loads(call["arguments"]), schema)
+    assert ran == [json.loads(call["arguments"])]
+    output = next(i for i in second["input"] if i.get("type") == "function_call_output")
+    assert output["call_id"] == call["call_id"] and output["output"] == FORECASTS[ran[0]["city"]]
+
+
+def test_langchain_anthropic_tool_loop(api):
+    """LangChain's Anthropic chat model on /v1/messages: a tool_use, LangChain runs the tool, its
+    tool_result goes back, a text answer."""
+    from langchain_anthropic import ChatAnthropic
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    ran: list[dict] = []
+
+    @tool
+    def get_forecast(city: Literal["Paris", "London", "Rome"]) -> str:
+        """Get today's weather forecast for a city."""
+        ran.append({"city": city})
+        return forecast(city)
+
+    llm = ChatAnthropic(base_url=api.base, api_key="unused", model=MODEL, temperature=0, max_tokens=32,
+                        max_retries=0, timeout=60)
+    messages = [HumanMessage(QUESTION)]
+    # the tool's schema closed (additionalProperties false), so a tiny model cannot run on into keys of its own
+    closed = {"name": "get_forecast", "description": get_forecast.description,
+              "input_schema": {**get_forecast.tool_call_schema.model_json_schema(), "additionalProperties": False}}
+    step = llm.bind_tools([closed], tool_choice="any").invoke(messages)
+    assert isinstance(step, AIMessage) and step.response_metadata["stop_reason"] == "tool_use", step
+    assert [c["name"] for c in step.tool_calls] == ["get_forecast"]
+    messages.append(step)
+    for call in step.tool_calls:
+        result = get_forecast.invoke(call)
+        assert isinstance(result, ToolMessage) and result.tool_call_id == call["id"]
+        messages.append(result)
+    answer = llm.invoke(messages)
+    assert answer.text and not answer.tool_calls, answer
+    first, second = api.recorder.take()
+    assert first["tool_choice"]["type"] == "any" and ran == [step.tool_calls[0]["args"]]
+    results = [b for m in second["messages"] if isinstance(m["content"], list) for b in m["content"]
+               if b["type"] == "tool_result"]
+    assert [r["tool_use_id"] for r in results] == [step.tool_calls[0]["id"]]

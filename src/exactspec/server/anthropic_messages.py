@@ -18,7 +18,7 @@ import json
 import uuid
 
 from ..generation import GenerationResult
-from .doors import Call, Output, chat_output, event, name_tool_results
+from .doors import Call, Output, chat_output, event
 from .translate import ApiError
 
 ENDPOINT, COUNT = "/v1/messages", "/v1/messages/count_tokens"
@@ -45,7 +45,7 @@ def to_chat(body: dict, counting: bool = False) -> dict:
         chat["stop"] = body["stop_sequences"]
     system = body.get("system")
     messages = [{"role": "system", "content": _blocks_text(system, "system")}] if system else []
-    chat["messages"] = name_tool_results(messages + chat_messages(body.get("messages")))
+    chat["messages"] = messages + chat_messages(body.get("messages"))
     if body.get("tools"):
         chat["tools"] = chat_tools(body["tools"])
     if body.get("tool_choice") is not None:
@@ -81,7 +81,8 @@ def chat_messages(messages) -> list[dict]:
                 if not isinstance(block.get("input"), dict):
                     raise ApiError(400, f"{at}.input: must be an object", f"{at}.input")
                 calls.append({"id": call_id, "type": "function",
-                              "function": {"name": name, "arguments": json.dumps(block["input"], ensure_ascii=False)}})
+                              "function": {"name": name, "arguments": json.dumps(block["input"], ensure_ascii=False,
+                                                                            separators=(",", ":"))}})
             elif kind == "tool_result" and role == "user":
                 call_id = _string(block, "tool_use_id", at)
                 result = _blocks_text(block.get("content", ""), f"{at}.content")

@@ -129,14 +129,3 @@ def stop_sequence(result: GenerationResult, stops: list[str], eos: set[int], dec
     found = [(rest.find(s), s) for s in stops if s in rest]
     return min(found)[1] if found else None
 
-
-def name_tool_results(messages: list[dict]) -> list[dict]:
-    """Tool messages named after the call they answer (an earlier assistant message's tool_calls), so
-    the template shows which tool returned what; an answer to no known call stays unnamed."""
-    names: dict[str, str] = {}
-    for message in messages:
-        for call in message.get("tool_calls") or []:
-            names[call["id"]] = call["function"]["name"]
-        if message["role"] == "tool" and message.get("tool_call_id") in names:
-            message["name"] = names[message["tool_call_id"]]
-    return messages

@@ -20,6 +20,18 @@ from .tools import TAG
 END_TAG = "</tool_call>"
 
 
+def name_tool_results(messages: list[dict]) -> list[dict]:
+    """Tool messages named after the call they answer (an earlier assistant message's tool_calls), so
+    the template shows which tool returned what; an answer to no known call stays unnamed."""
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            names[call["id"]] = call["function"]["name"]
+        if message["role"] == "tool" and not message.get("name") and message.get("tool_call_id") in names:
+            message["name"] = names[message["tool_call_id"]]
+    return messages
+
+
 def knows_tools(template: str | None) -> bool:
     """Whether a chat template renders tool calls itself."""
     return bool(template) and "tool_calls" in template
@@ -28,7 +40,7 @@ def knows_tools(template: str | None) -> bool:
 def for_template(messages: list[dict], template: str | None) -> list[dict]:
     """`ChatCompletionRequest.chat()` messages -> the messages to render with `template`."""
     render = _structured if knows_tools(template) else _as_text
-    return [render(m) for m in messages]
+    return [render(m) for m in name_tool_results(messages)]
 
 
 def _arguments(text: str):

@@ -20,7 +20,7 @@ import uuid
 from collections import OrderedDict
 
 from ..generation import GenerationResult
-from .doors import Call, Output, chat_output, event, name_tool_results
+from .doors import Call, Output, chat_output, event
 from .translate import ApiError
 
 ENDPOINT = "/v1/responses"
@@ -63,7 +63,7 @@ def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict]]:
         if not isinstance(previous, str):
             raise ApiError(400, "previous_response_id must be a string", "previous_response_id")
         history = copy.deepcopy(store.get(previous)[1])
-    conversation = name_tool_results(history + input_messages(body.get("input")))
+    conversation = history + input_messages(body.get("input"))
     chat = {key: body[key] for key in ("model", "temperature", "top_p", "stream", "parallel_tool_calls", *EXTENSIONS)
             if key in body}
     if body.get("max_output_tokens") is not None:
@@ -218,12 +218,12 @@ class ResponsesDoor:
                 "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0), "truncation": "disabled",
                 "usage": None, "metadata": body.get("metadata") or {}}
 
-    def response(self, output: Output, chat_usage: dict, speculative: dict | None) -> dict:
-        """The finished response object; stored when asked."""
+    def response(self, output: Output, items: list[dict], chat_usage: dict, speculative: dict | None) -> dict:
+        """The finished response object (`items`: `output`'s parts as output items); stored when asked."""
         out = self.skeleton("incomplete" if output.finish_reason == "length" else "completed")
         if output.finish_reason == "length":
             out["incomplete_details"] = {"reason": "max_output_tokens"}
-        out["output"] = [_item(part, i) for i, part in enumerate(output.parts)]
+        out["output"] = items
         cached = chat_usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
         out["usage"] = {"input_tokens": chat_usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
                         "output_tokens": chat_usage["completion_tokens"],
@@ -236,7 +236,8 @@ class ResponsesDoor:
 
     # --- doors.Door ------------------------------------------------------------------------------
     def whole(self, chat: dict, results: list[GenerationResult]) -> dict:
-        return self.response(chat_output(chat), chat["usage"], chat.get("speculative"))
+        output = chat_output(chat)
+        return self.response(output, [_item(part) for part in output.parts], chat["usage"], chat.get("speculative"))
 
     def opening(self) -> list[str]:
         start = self.skeleton("in_progress")
@@ -272,7 +273,7 @@ class ResponsesDoor:
 
     def closing(self, usage: dict, results: list[GenerationResult]) -> list[str]:
         events = self._close()
-        final = self.response(self.output, usage["usage"], usage.get("speculative"))
+        final = self.response(self.output, self.items, usage["usage"], usage.get("speculative"))
         name = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         return events + [self._event(name, response=final)]
 
@@ -308,7 +309,7 @@ class ResponsesDoor:
         return event(kind, {"type": kind, "sequence_number": self.sequence - 1, **data})
 
 
-def _item(part: str | Call, index: int) -> dict:
+def _item(part: str | Call) -> dict:
     if isinstance(part, str):
         return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed", "role": "assistant",
                 "content": [{"type": "output_text", "text": part, "annotations": []}]}
