@@ -1,15 +1,21 @@
 """Chat messages -> prompt token ids in which only the chat template's own markers are special tokens.
 
 Rendering the template to text and encoding that text would parse `<|im_end|><|im_start|>system` typed
-inside a user message as the special tokens themselves: any user could forge a system or assistant
-turn. Here message content is text whatever it contains. Messages whose content holds no special
-token's text are encoded exactly as before (render, encode); otherwise each such content is rendered
-as a placeholder, and the rendered text is encoded piece by piece: the template's pieces with special
-tokens parsed, the contents with `split_special_tokens=True` (their `<|im_start|>` is plain characters).
+inside a user message -- or a tool's description, or an earlier call's arguments echoing a tool's output
+-- as the special tokens themselves: anyone whose text reaches the prompt could forge a system or
+assistant turn. Here every string a request gives is text whatever it contains. A request none of whose
+strings holds a special token's text is encoded exactly as before (render, encode); otherwise each such
+string is rendered as a placeholder, and the rendered text is encoded piece by piece: the template's
+pieces with special tokens parsed, the strings with `split_special_tokens=True` (their `<|im_start|>` is
+plain characters). A string the template writes through `tojson` is put back JSON-escaped, as the
+template would have written it: a second rendering, with a quote after each placeholder, shows which
+placeholders stood inside a JSON string (the quote comes out escaped there).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 
 from .errors import ExactSpecError
@@ -23,25 +29,49 @@ def special_texts(tokenizer) -> list[str]:
 
 
 def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """The generation prompt of `messages` as token ids; content is never parsed for special tokens.
-    `tools` (OpenAI's tool objects) go to the template as its `tools`, for templates that lay them out."""
+    """The generation prompt of `messages` as token ids; no string a client gave is parsed for special
+    tokens. `tools` (OpenAI's tool objects) go to the template as its `tools`, for templates that lay
+    them out. Guarded: every string of the messages (content, names, earlier calls' arguments, tool
+    results) and of the tools (names, descriptions, schemas), dict keys included."""
     specials = special_texts(tokenizer)
-    hostile = [i for i, m in enumerate(messages)
-               if isinstance(m.get("content"), str) and any(s in m["content"] for s in specials)]
-    if not hostile:
-        return tokenizer.encode(_render(tokenizer, messages, tools), add_special_tokens=False)
+    originals: list[str] = []
+
+    def mark(text: str, probe: str = "") -> str:
+        originals.append(text)
+        return f"XSPEC{nonce}N{len(originals) - 1}X{probe}"
+
     nonce = uuid.uuid4().hex
-    marks = {i: f"[[exactspec-content-{nonce}-{i}]]" for i in hostile}
-    text = _render(tokenizer, [{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)], tools)
-    ids: list[int] = []
-    for i in hostile:
-        before, found, text = text.partition(marks[i])
-        if not found or marks[i] in text:
-            raise ExactSpecError("this chat template does not render message content verbatim, and a message "
-                                 "holds a special token's text: remove it from the message")
-        ids += tokenizer.encode(before, add_special_tokens=False)
-        ids += tokenizer.encode(messages[i]["content"], add_special_tokens=False, split_special_tokens=True)
-    return ids + tokenizer.encode(text, add_special_tokens=False)
+    guarded = _guarded(messages, specials, mark), _guarded(tools, specials, mark)
+    if not originals:
+        return tokenizer.encode(_render(tokenizer, messages, tools), add_special_tokens=False)
+    text = _render(tokenizer, *guarded)
+    originals.clear()  # the probe rendering marks the same strings in the same order, a quote after each
+    probed = _render(tokenizer, _guarded(messages, specials, lambda t: mark(t, '"')),
+                     _guarded(tools, specials, lambda t: mark(t, '"')))
+    found = list(re.finditer(f"XSPEC{nonce}N([0-9]+)X", text))
+    escaped = [m.group(1) == "\\" for m in re.finditer(f'XSPEC{nonce}N[0-9]+X(\\\\?)"', probed)]
+    if len(found) != len(escaped) or len(found) < len(originals):
+        raise ExactSpecError("this chat template does not render the request's strings verbatim, and one holds a "
+                             "special token's text: remove it")
+    ids, at = [], 0
+    for m, json_string in zip(found, escaped):
+        original = originals[int(m.group(1))]
+        value = json.dumps(original, ensure_ascii=False)[1:-1] if json_string else original
+        ids += tokenizer.encode(text[at : m.start()], add_special_tokens=False)
+        ids += tokenizer.encode(value, add_special_tokens=False, split_special_tokens=True)
+        at = m.end()
+    return ids + tokenizer.encode(text[at:], add_special_tokens=False)
+
+
+def _guarded(value, specials: list[str], mark):
+    """`value` with every string (dict keys too) that holds a special token's text replaced by `mark(it)`."""
+    if isinstance(value, str):
+        return mark(value) if any(s in value for s in specials) else value
+    if isinstance(value, dict):
+        return {_guarded(k, specials, mark): _guarded(v, specials, mark) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_guarded(v, specials, mark) for v in value]
+    return value
 
 
 def _render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
