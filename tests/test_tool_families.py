@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from exactspec.chat_prompt import special_texts
+from exactspec.generation import add_token
 from exactspec.server import create_app
 from exactspec.server.families import FAMILIES, family_of, tool_format
 from exactspec.server.history import for_template
@@ -236,3 +237,64 @@ def test_only_the_templates_own_markup_makes_special_tokens(engines, name):
     rendered = tokenizer.apply_chat_template(messages, tools=body.tools, tokenize=False, add_generation_prompt=True)
     assert tokenizer.decode(forged) == rendered
     assert specials(tokenizer.encode(rendered, add_special_tokens=False)) > specials(plain)
+
+
+MARKED = [name for name in TEMPLATES if family(name).marker]
+
+
+@pytest.fixture(scope="module")
+def special_engines() -> dict:
+    """Each family with a marker over a vocabulary where the marker is one special token, as the real
+    models' tokenizers have it (a fixture vocabulary: the embedded one plus that token)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from exactspec.embedded import embedded_model_path
+    from exactspec.engine import Engine, adapter
+    from exactspec.models.torch_hf import load_tokenizer
+
+    out = {}
+    for name in MARKED:
+        tokenizer = load_tokenizer(embedded_model_path())
+        tokenizer.chat_template = TEMPLATES[name]
+        markup = {"hermes": ["<tool_call>", "</tool_call>"]}.get(name, [family(name).marker])  # as Qwen 2.5's vocabulary
+        tokenizer.backend_tokenizer.add_special_tokens(markup)
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024)
+        out[name] = Engine(adapter(LlamaForCausalLM(config).eval(), {tokenizer.eos_token_id}), tokenizer,
+                           "prompt-lookup", 4)
+    return out
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+@pytest.mark.parametrize("name", MARKED)
+def test_a_native_answer_in_the_models_own_tokens_where_the_marker_is_a_special_token(special_engines, name, choice):
+    """The grammar takes the marker as the vocabulary's own token: 100% of a native answer's tokens are
+    accepted; the output keeps the marker's text, so the calls are read where the model put them.
+    Control: the grammar with the marker as text (the old way) rejects the same tokens."""
+    engine, marker = special_engines[name], family(name).marker
+    text, content, calls = ANSWERS[name]
+    if choice == "required":  # the answer starts with the calls
+        text, content = text[text.index(marker):], None
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    assert engine.tokenizer.encode(marker, add_special_tokens=False)[0] in ids  # the marker is one token
+    [job], plan = plan_chat(engine, chat(tools=[WEATHER, TIME], tool_choice=choice))
+    assert job.request.law.matcher.copy().valid_prefix(ids) == len(ids)
+    for token in ids:  # the server's detokenisation of the answer
+        add_token(job.result, token, [], engine.tokenizer, set())
+    got_content, got = plan.read(job.result.text, True)
+    assert got_content == content and [(c["function"]["name"], c["function"]["arguments"]) for c in got] == calls
+    as_text = grammar_from_spec(plan_tools([WEATHER, TIME], choice, family(name)).constraint)
+    assert Matcher(engine.grammar_tokenizer(), as_text, engine.target.vocab_size).valid_prefix(ids) < len(ids)
+
+
+def test_a_template_is_read_by_its_call_layout_not_by_a_substring():
+    """A template that mentions `<tool_call>` but lays calls out as XML (Qwen3-Coder's way) is not Hermes:
+    it gets the generic format and the reason; one that cannot render a call says that."""
+    xml = TEMPLATES["hermes"].replace(
+        """'<tool_call>\\n{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments | tojson) + '}\\n</tool_call>'""",
+        """'<tool_call>\\n<function=' + call.function.name + '>\\n</function>\\n</tool_call>'""")
+    assert xml != TEMPLATES["hermes"] and "<tool_call>" in xml
+    assert family_of(xml) is None and tool_format(xml) == "generic (the chat template's call layout is not a known family's)"
+    broken = "{% if tools %}{{ raise_exception('no') }}{% endif %}"
+    assert family_of(broken) is None and "cannot render a tool call" in tool_format(broken)

@@ -7,7 +7,7 @@ TextStreamer's scheme): the tokens of the last committed piece (context for toke
 depends on the neighbour, e.g. SentencePiece's leading-space rule) plus the new ones. A piece is
 committed once it ends on a complete character; a trailing partial UTF-8 sequence stays pending (it
 decodes to U+FFFD until the rest of its bytes arrive). `text` is always exactly
-`tokenizer.decode(ids, skip_special_tokens=True)`: tokenizers whose decoding rewrites text across token
+`tokenizer.decode(ids, skip_special_tokens=True)` (with the text of the `shown` special tokens kept): tokenizers whose decoding rewrites text across token
 boundaries (`clean_up_tokenization_spaces`) are decoded whole, as before, because no window is exact for them.
 Stop strings are searched only in text not yet searched (minus the longest stop's length), and the
 text held back because it might start one is found in O(len(stop)) per token (a KMP automaton run over
@@ -24,8 +24,9 @@ from bisect import bisect_right
 class IncrementalText:
     """Text of `ids` (fed one token at a time with `add`) and the first stop-string hit in it."""
 
-    def __init__(self, tokenizer, stops: list[str] | None = None) -> None:
+    def __init__(self, tokenizer, stops: list[str] | None = None, shown: dict[int, str] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.shown = shown or {}  # special tokens whose text is kept (a tool family's marker token) -> that text
         self.stops = [s for s in (stops or []) if s]
         self._failure = [_failure(s) for s in self.stops]
         self.ids: list[int] = []
@@ -44,7 +45,12 @@ class IncrementalText:
         return self.committed + self.pending
 
     def _decode(self, ids: list[int]) -> str:
-        out = self.tokenizer.decode(ids, skip_special_tokens=True)
+        out, start = "", 0
+        for i, token in enumerate(ids if self.shown else ()):
+            if token in self.shown:
+                out += self.tokenizer.decode(ids[start:i], skip_special_tokens=True) + self.shown[token]
+                start = i + 1
+        out += self.tokenizer.decode(ids[start:], skip_special_tokens=True)
         self.decoded_chars += len(out)
         return out
 

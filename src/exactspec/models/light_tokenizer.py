@@ -119,6 +119,13 @@ class LightTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
+def render_template(template: str, messages: list[dict], add_generation_prompt: bool = False, **context) -> str:
+    """`template` rendered as transformers renders a chat template (no special tokens given: "")."""
+    names = {name: "" for name in _SPECIAL}
+    return _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     **{"tools": None, "documents": None, **names, **context})
+
+
 def _compile(template: str):
     """transformers' chat-template environment: sandboxed, trim/lstrip blocks, loop controls, its
     `tojson` (no HTML escaping), `raise_exception` and `strftime_now`."""

@@ -13,19 +13,29 @@ model saw in training:
     granite      <|tool_call|>[{"name": N, "arguments": {...}}, ...]           Granite 3.x
     llama3_json  {"name": N, "parameters": {...}}  (the whole answer)         Llama 3.1 / 3.2 / 3.3
 
-A template that uses `tools` but matches no family, and one without tools (SmolLM2's), get the generic
-format of tools.py (a system prompt listing the tools, calls after `<tool_call>`). Markers are matched as
-text: a template whose marker is a special token the detokeniser skips (a real Mistral vocabulary's
-`[TOOL_CALLS]`) is read from the call's JSON on (the marker is not in the released text).
+The family is read from the layout a template gives an assistant's call, not from a substring: the
+template renders a probe conversation (one call of a probe tool) and the family whose written call
+appears in it is the template's. A template that uses `tools` but lays calls out in no family's way,
+one that cannot render the probe, and one without tools (SmolLM2's) get the generic format of tools.py
+(a system prompt listing the tools, calls after `<tool_call>`), and `tool_format` says why.
+
+A marker that is a special token of the target's vocabulary (a real Mistral's `[TOOL_CALLS]`, Granite's
+`<|tool_call|>`) enters the grammar as that token (`<[id]>`: the model's own token, never its spelling in
+ordinary tokens), and the output keeps its text (`ToolPlan.shown`: the detokeniser would skip it), so the
+reader finds the calls where the model put them. A marker that is text stays text.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
 import string
 from dataclasses import dataclass
+
+PROBE_NAME, PROBE_ARGUMENTS = "probe_fn", {"probe_key": "probe_value"}
+PROBE_ID = "abcDEF123"  # nine letters and digits: what the strictest template (Mistral's) accepts
 
 SEPARATORS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -35,7 +45,6 @@ class Family:
     """One way of calling tools: how a template is recognised and how its model writes calls."""
 
     name: str
-    marks: tuple[str, ...]  # all of these in a template's source (and `tools`) -> this family
     marker: str  # the text that starts the calls ("" = the answer itself is the call)
     open: str  # the text from the marker to the first call's "{"
     sep: str  # between two calls
@@ -51,56 +60,104 @@ class Family:
             return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(self.id_chars))
         return f"call_{secrets.token_hex(12)}"
 
-    def grammar(self, schemas: dict[str, dict], mode: str, parallel: bool = True) -> str:
+    def written(self, name: str, arguments: dict) -> str:
+        """How a template of this family writes the start of a call (to its closing brace, exclusive:
+        some templates add an id after the arguments)."""
+        return f'{self.open}{{"name": {json.dumps(name)}, "{self.key}": {json.dumps(arguments)}'
+
+    def grammar(self, schemas: dict[str, dict], mode: str, parallel: bool = True,
+                tokens: dict[str, int] | None = None) -> str:
         """A Lark grammar (llguidance) for an answer under `mode` ("auto", "required" or "named": then
         `schemas` holds the one tool): under auto, text is free until the marker (llama3_json: unless the
         answer starts with "{"), from there the calls hold their tools' schemas; otherwise the answer
-        starts with the calls. `parallel` False (the request's `parallel_tool_calls`): one call at most."""
+        starts with the calls. `parallel` False (the request's `parallel_tool_calls`): one call at most.
+        `tokens`: the family's markup that is one special token of the vocabulary (`special_tokens`),
+        which the grammar takes as that token."""
+        tokens = tokens or {}
         obj = {"anyOf": [{"type": "object", "properties": {"name": {"const": name}, self.key: rebase(
                    schema, f"#/anyOf/{i}/properties/{self.key}")},
                           "required": ["name", self.key], "additionalProperties": False}
                          for i, (name, schema) in enumerate(schemas.items())], "x-guidance": SEPARATORS}
-        more = f" ({_lit(self.sep)} obj)*" if self.parallel and parallel and mode != "named" else ""
-        rules = [f"calls: obj{more} {_lit(self.close)}" if self.close else f"calls: obj{more}",
+        more = f" ({_lit(self.sep, tokens)} obj)*" if self.parallel and parallel and mode != "named" else ""
+        rules = [f"calls: obj{more} {_lit(self.close, tokens)}" if self.close else f"calls: obj{more}",
                  f"obj: %json {json.dumps(obj)}"]
         if mode != "auto":
-            return "\n".join([f"start: {_lit(self.open)} calls" if self.open else "start: calls", *rules]) + "\n"
+            return "\n".join([f"start: {_lit(self.open, tokens)} calls" if self.open else "start: calls", *rules]) + "\n"
         if not self.marker:  # the call is the whole answer: text is anything that does not start with "{"
             return "\n".join(["start: TEXT | calls", *rules, "TEXT: /[^{](.|\\n)*/"]) + "\n"
         m, rest = _re(self.marker), self.open[len(self.marker):]
-        lead = f"start: TEXT | LEAD {_lit(rest)} calls" if rest else "start: TEXT | LEAD calls"
-        return "\n".join([lead, *rules, f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{m}(.|\\n)*/",
-                          f"LEAD: /(.|\\n)*{m}/ & ~/(.|\\n)*{m}(.|\\n)+/"]) + "\n"
+        text = f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{m}(.|\\n)*/"  # free text never spells the marker
+        if self.marker in tokens:  # the text before the calls, then the marker's own token
+            return "\n".join([f"start: TEXT | TEXT {_lit(self.open, tokens)} calls", *rules, text]) + "\n"
+        lead = f"start: TEXT | LEAD {_lit(rest, tokens)} calls" if rest else "start: TEXT | LEAD calls"
+        return "\n".join([lead, *rules, text, f"LEAD: /(.|\\n)*{m}/ & ~/(.|\\n)*{m}(.|\\n)+/"]) + "\n"
+
+    def markup(self) -> str:
+        """The family's own text around calls (where a vocabulary's special tokens may stand)."""
+        return self.open + self.sep + self.close
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("hermes", ("<tool_call>",), "<tool_call>", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n",
+    Family("hermes", "<tool_call>", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n",
            "\n</tool_call>", models="Qwen 2.5 / 3, Hermes 2 / 3, SmolLM3"),
-    Family("mistral", ("[TOOL_CALLS]",), "[TOOL_CALLS]", "[TOOL_CALLS] [", ", ", "]", id_chars=9,
+    Family("mistral", "[TOOL_CALLS]", "[TOOL_CALLS] [", ", ", "]", id_chars=9,
            models="Mistral 7B Instruct v0.3, Mistral Nemo, Mistral Small (v3 layout)"),
-    Family("granite", ("<|tool_call|>",), "<|tool_call|>", "<|tool_call|>[", ", ", "]", models="Granite 3.x"),
-    Family("llama3_json", ("<|start_header_id|>", "parameters"), "", "", "", "", key="parameters", parallel=False,
+    Family("granite", "<|tool_call|>", "<|tool_call|>[", ", ", "]", models="Granite 3.x"),
+    Family("llama3_json", "", "", "", "", key="parameters", parallel=False,
            models="Llama 3.1 / 3.2 / 3.3 (JSON calls)"),
 )
 
 
 def family_of(template: str | None) -> Family | None:
-    """The family whose layout a chat template uses, or None (the generic format): the template must use
-    `tools` and carry all of a family's marks; the first such family of FAMILIES wins."""
-    if not template or "tools" not in template:
-        return None
-    return next((f for f in FAMILIES if all(mark in template for mark in f.marks)), None)
+    """The family whose call layout a chat template uses, or None (the generic format)."""
+    return _detect(template)[0]
 
 
 def tool_format(template: str | None) -> str:
-    """What a model with this chat template gets for tools, in a word: a family's name or "generic"."""
-    family = family_of(template)
-    return family.name if family else "generic"
+    """What a model with this chat template gets for tools: a family's name, or "generic" and why."""
+    family, why = _detect(template)
+    return family.name if family else f"generic ({why})" if why else "generic"
 
 
-def _lit(text: str) -> str:
-    """A Lark string literal."""
-    return json.dumps(text)
+@functools.lru_cache(maxsize=16)
+def _detect(template: str | None) -> tuple[Family | None, str]:
+    """(the family, "") or (None, why not): the template renders a probe call, and the family whose
+    written call appears in the rendering is the template's."""
+    if not template or "tools" not in template:
+        return None, ""
+    from ..models.light_tokenizer import render_template
+
+    tool = {"type": "function", "function": {"name": PROBE_NAME, "description": "A probe.",
+                                             "parameters": {"type": "object", "properties": {"probe_key": {"type": "string"}}}}}
+    call = {"id": PROBE_ID, "type": "function", "function": {"name": PROBE_NAME, "arguments": PROBE_ARGUMENTS}}
+    messages = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": PROBE_ID, "name": PROBE_NAME, "content": "probed"}]
+    try:
+        text = render_template(template, messages, tools=[tool])
+    except Exception as e:  # a template may refuse any conversation it was not written for
+        return None, f"the chat template cannot render a tool call: {type(e).__name__}"
+    family = next((f for f in FAMILIES if f.written(PROBE_NAME, PROBE_ARGUMENTS) in text), None)
+    return (family, "") if family else (None, "the chat template's call layout is not a known family's")
+
+
+def special_tokens(family: Family, tokenizer) -> dict[str, int]:
+    """The family's markup that the vocabulary makes one special token each (a real Mistral's
+    `[TOOL_CALLS]`, Qwen's `<tool_call>` / `</tool_call>`): text -> id. The rest of it is text."""
+    from ..chat_prompt import special_texts
+
+    out = {}
+    for text in special_texts(tokenizer):
+        if text in family.markup() and len(ids := tokenizer.encode(text, add_special_tokens=False)) == 1:
+            out[text] = ids[0]
+    return out
+
+
+def _lit(text: str, tokens: dict[str, int] | None = None) -> str:
+    """`text` as Lark: a string literal, with each of `tokens`' texts in it as its token (`<[id]>`)."""
+    if not tokens:
+        return json.dumps(text)
+    pieces = re.split("(" + "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)) + ")", text)
+    return " ".join(f"<[{tokens[p]}]>" if p in tokens else json.dumps(p) for p in pieces if p)
 
 
 def _re(text: str) -> str:

@@ -44,6 +44,7 @@ class ToolPlan:
     system_prompt: str = ""
     family: Family | None = None
     tools: list[dict] | None = None  # what the chat template gets as `tools` (a family's)
+    shown: dict[int, str] | None = None  # special tokens whose text the output keeps (a family's markup tokens)
 
     def reader(self) -> "CallReader | CallsReader":
         """A reader of this plan's answer as it streams."""
@@ -145,11 +146,13 @@ class CallReader:
             return False
 
 
-def plan_tools(tools: list | None, tool_choice, family: Family | None = None, parallel=True) -> ToolPlan | None:
+def plan_tools(tools: list | None, tool_choice, family: Family | None = None, parallel=True,
+               tokens: dict[str, int] | None = None) -> ToolPlan | None:
     """Check `tools` / `tool_choice` (FieldError naming the field on a bad one) -> the plan, or None (no
     tools used). Every tool's parameters are checked (limits.py) and compiled, even under tool_choice "none".
     `family`: the chat template's tool family (families.family_of), None for the generic format;
-    `parallel`: the request's `parallel_tool_calls` (False: one call per answer, where a family has more)."""
+    `parallel`: the request's `parallel_tool_calls` (False: one call per answer, where a family has more);
+    `tokens`: the family's markup that is a special token of the vocabulary (families.special_tokens)."""
     if tools is not None and not isinstance(tools, list):
         raise FieldError("tools must be a list of tools", "tools")
     if not tools:
@@ -166,8 +169,9 @@ def plan_tools(tools: list | None, tool_choice, family: Family | None = None, pa
     if family is not None:
         schemas = {n: functions[n][0] for n in ([choice] if choice not in ("auto", "required") else names)}
         mode = choice if choice in ("auto", "required") else "named"
-        return ToolPlan(mode, list(schemas), {"type": "grammar", "grammar": family.grammar(schemas, mode, parallel)},
-                        family=family, tools=tools)
+        grammar = family.grammar(schemas, mode, parallel, tokens)
+        return ToolPlan(mode, list(schemas), {"type": "grammar", "grammar": grammar}, family=family, tools=tools,
+                        shown={i: text for text, i in tokens.items()} if tokens else None)
     listing = "\n".join(json.dumps({"name": n, "description": d, "parameters": p}) for n, (p, d) in functions.items())
     if choice not in ("auto", "required"):
         name = choice

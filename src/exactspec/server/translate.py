@@ -15,7 +15,8 @@ from ..errors import ExactSpecError, FieldError
 from ..generation import GenerationResult, LawSpec, Request
 from ..speculative.params import POINT_MASS_DRAFTS
 from ..speculative.sampling import SamplingParams
-from .families import family_of
+from ..detokenize import IncrementalText
+from .families import family_of, special_tokens
 from .history import for_template
 from .limits import check_constraint, check_stops
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -49,7 +50,9 @@ def plan_chat(engine: Engine, body: ChatCompletionRequest,
     template = getattr(engine.tokenizer, "chat_template", None)
     try:
         parallel = (body.model_extra or {}).get("parallel_tool_calls", True)
-        tools = plan_tools(body.tools, body.tool_choice, family_of(template), True if parallel is None else parallel)
+        family = family_of(template)
+        tokens = special_tokens(family, engine.tokenizer) if family is not None and body.tools else None
+        tools = plan_tools(body.tools, body.tool_choice, family, True if parallel is None else parallel, tokens)
     except FieldError as e:
         raise ApiError(400, str(e), e.param) from None
     messages = for_template(body.chat(), template)
@@ -83,8 +86,11 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
         request = Request(params, law, budget or min(room, max_tokens_default or room), body.stop_list(), body.gamma)
     except ExactSpecError as e:
         raise ApiError(400, str(e)) from None
-    return [Job(GenerationResult("", [], ids, "length"), request, seed=None if body.seed is None else body.seed + i)
+    jobs = [Job(GenerationResult("", [], ids, "length"), request, seed=None if body.seed is None else body.seed + i)
             for i in range(body.n)]
+    for job in jobs if tools is not None and tools.shown else []:  # the marker token's text stays in the output
+        job.result.detokenizer = IncrementalText(engine.tokenizer, body.stop_list(), tools.shown)
+    return jobs
 
 
 def prompt_ids(engine: Engine, prompt: str | list[dict], chat_template: bool | None, budget: int | None,
