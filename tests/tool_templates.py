@@ -1,4 +1,4 @@
-"""Chat templates in the tool layouts of four families (server/families.py), written for these tests from
+"""Chat templates in the tool layouts of five families (server/families.py), written for these tests from
 each family's documented format -- how the tools are shown, how an assistant's calls and the tools'
 results are laid out -- not copied from any model's template. Rendered with transformers' settings
 (trim_blocks, lstrip_blocks)."""
@@ -111,4 +111,50 @@ GRANITE = """\
 {%- if add_generation_prompt %}{{- '<|start_of_role|>assistant<|end_of_role|>' }}{%- endif %}
 """
 
-TEMPLATES = {"hermes": HERMES, "llama3_json": LLAMA3, "mistral": MISTRAL, "granite": GRANITE}
+# Qwen3-Coder: the tools as XML inside <tools></tools> in the system turn; calls as XML blocks
+# <tool_call>\n<function=N>\n<parameter=K>\nV\n</parameter>\n</function>\n</tool_call> (strings as
+# themselves, other values as JSON); results as <tool_response> blocks in a user turn.
+QWEN3_CODER = """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- '# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' }}
+{%- for tool in tools %}
+{{- '\\n<function>\\n<name>' + tool.function.name + '</name>' }}
+{%- if tool.function.description %}{{- '\\n<description>' + tool.function.description + '</description>' }}{%- endif %}
+{{- '\\n<parameters>' }}
+{%- for key, param in (tool.function.parameters.properties or {}).items() %}
+{{- '\\n<parameter>\\n<name>' + key + '</name>' }}
+{%- if param.type %}{{- '\\n<type>' + param.type + '</type>' }}{%- endif %}
+{{- '\\n</parameter>' }}
+{%- endfor %}
+{{- '\\n</parameters>\\n</function>' }}
+{%- endfor %}
+{{- '\\n</tools>\\n\\nTo call a function, reply with <tool_call> blocks only.<|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}
+{{- '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}
+{%- elif m.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' + (m.content or '') }}
+{%- for call in m.tool_calls or [] %}
+{{- '\\n<tool_call>\\n<function=' + call.function.name + '>\\n' }}
+{%- for key, value in call.function.arguments.items() %}
+{{- '<parameter=' + key + '>\\n' }}
+{%- if value is string %}{{- value }}{%- else %}{{- value | tojson }}{%- endif %}
+{{- '\\n</parameter>\\n' }}
+{%- endfor %}
+{{- '</function>\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif m.role == 'tool' %}
+{{- '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
+
+TEMPLATES = {"hermes": HERMES, "llama3_json": LLAMA3, "mistral": MISTRAL, "granite": GRANITE,
+             "qwen3_coder": QWEN3_CODER}

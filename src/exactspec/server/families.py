@@ -12,6 +12,8 @@ model saw in training:
     mistral      [TOOL_CALLS] [{"name": N, "arguments": {...}}, ...]            Mistral 7B v0.3, Nemo, Small (v3 layout)
     granite      <|tool_call|>[{"name": N, "arguments": {...}}, ...]           Granite 3.x
     llama3_json  {"name": N, "parameters": {...}}  (the whole answer)         Llama 3.1 / 3.2 / 3.3
+    qwen3_coder  <tool_call>\n<function=N>\n<parameter=K>\nV\n</parameter>\n</function>\n</tool_call>
+                 (XML calls, xml_calls.py)                                  Qwen3-Coder
 
 The family is read from the layout a template gives an assistant's call, not from a substring: the
 template renders a probe conversation (one call of a probe tool) and the family whose written call
@@ -33,6 +35,9 @@ import re
 import secrets
 import string
 from dataclasses import dataclass
+
+from .call_syntax import ValueEnd, held_back, lark_literal, rebase, regex_literal
+from .xml_calls import XmlFamily
 
 PROBE_NAME, PROBE_ARGUMENTS = "probe_fn", {"probe_key": "probe_value"}
 PROBE_ID = "abcDEF123"  # nine letters and digits: what the strictest template (Mistral's) accepts
@@ -78,37 +83,42 @@ class Family:
                    schema, f"#/anyOf/{i}/properties/{self.key}")},
                           "required": ["name", self.key], "additionalProperties": False}
                          for i, (name, schema) in enumerate(schemas.items())], "x-guidance": SEPARATORS}
-        more = f" ({_lit(self.sep, tokens)} obj)*" if self.parallel and parallel and mode != "named" else ""
-        rules = [f"calls: obj{more} {_lit(self.close, tokens)}" if self.close else f"calls: obj{more}",
+        more = f" ({lark_literal(self.sep, tokens)} obj)*" if self.parallel and parallel and mode != "named" else ""
+        rules = [f"calls: obj{more} {lark_literal(self.close, tokens)}" if self.close else f"calls: obj{more}",
                  f"obj: %json {json.dumps(obj)}"]
         if mode != "auto":
-            return "\n".join([f"start: {_lit(self.open, tokens)} calls" if self.open else "start: calls", *rules]) + "\n"
+            return "\n".join([f"start: {lark_literal(self.open, tokens)} calls" if self.open else "start: calls", *rules]) + "\n"
         if not self.marker:  # the call is the whole answer: text is anything that does not start with "{"
             return "\n".join(["start: TEXT | calls", *rules, "TEXT: /[^{](.|\\n)*/"]) + "\n"
-        m, rest = _re(self.marker), self.open[len(self.marker):]
+        m, rest = regex_literal(self.marker), self.open[len(self.marker):]
         text = f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{m}(.|\\n)*/"  # free text never spells the marker
         if self.marker in tokens:  # the text before the calls, then the marker's own token
-            return "\n".join([f"start: TEXT | TEXT {_lit(self.open, tokens)} calls", *rules, text]) + "\n"
-        lead = f"start: TEXT | LEAD {_lit(rest, tokens)} calls" if rest else "start: TEXT | LEAD calls"
+            return "\n".join([f"start: TEXT | TEXT {lark_literal(self.open, tokens)} calls", *rules, text]) + "\n"
+        lead = f"start: TEXT | LEAD {lark_literal(rest, tokens)} calls" if rest else "start: TEXT | LEAD calls"
         return "\n".join([lead, *rules, text, f"LEAD: /(.|\\n)*{m}/ & ~/(.|\\n)*{m}(.|\\n)+/"]) + "\n"
+
+    def reader(self, mode: str, schemas: dict[str, dict]) -> "CallsReader":
+        """A reader of an answer in this family's syntax, as it streams."""
+        return CallsReader(self, mode)
 
     def markup(self) -> str:
         """The family's own text around calls (where a vocabulary's special tokens may stand)."""
         return self.open + self.sep + self.close
 
 
-FAMILIES: tuple[Family, ...] = (
+FAMILIES: tuple[Family | XmlFamily, ...] = (
     Family("hermes", "<tool_call>", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n",
            "\n</tool_call>", models="Qwen 2.5 / 3, Hermes 2 / 3, SmolLM3"),
     Family("mistral", "[TOOL_CALLS]", "[TOOL_CALLS] [", ", ", "]", id_chars=9,
            models="Mistral 7B Instruct v0.3, Mistral Nemo, Mistral Small (v3 layout)"),
     Family("granite", "<|tool_call|>", "<|tool_call|>[", ", ", "]", models="Granite 3.x"),
+    XmlFamily("qwen3_coder", models="Qwen3-Coder (XML calls)"),
     Family("llama3_json", "", "", "", "", key="parameters", parallel=False,
            models="Llama 3.1 / 3.2 / 3.3 (JSON calls)"),
 )
 
 
-def family_of(template: str | None) -> Family | None:
+def family_of(template: str | None) -> Family | XmlFamily | None:
     """The family whose call layout a chat template uses, or None (the generic format)."""
     return _detect(template)[0]
 
@@ -120,7 +130,7 @@ def tool_format(template: str | None) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _detect(template: str | None) -> tuple[Family | None, str]:
+def _detect(template: str | None) -> tuple[Family | XmlFamily | None, str]:
     """(the family, "") or (None, why not): the template renders a probe call, and the family whose
     written call appears in the rendering is the template's."""
     if not template or "tools" not in template:
@@ -140,7 +150,7 @@ def _detect(template: str | None) -> tuple[Family | None, str]:
     return (family, "") if family else (None, "the chat template's call layout is not a known family's")
 
 
-def special_tokens(family: Family, tokenizer) -> dict[str, int]:
+def special_tokens(family: Family | XmlFamily, tokenizer) -> dict[str, int]:
     """The family's markup that the vocabulary makes one special token each (a real Mistral's
     `[TOOL_CALLS]`, Qwen's `<tool_call>` / `</tool_call>`): text -> id. The rest of it is text."""
     from ..chat_prompt import special_texts
@@ -149,33 +159,6 @@ def special_tokens(family: Family, tokenizer) -> dict[str, int]:
     for text in special_texts(tokenizer):
         if text in family.markup() and len(ids := tokenizer.encode(text, add_special_tokens=False)) == 1:
             out[text] = ids[0]
-    return out
-
-
-def _lit(text: str, tokens: dict[str, int] | None = None) -> str:
-    """`text` as Lark: a string literal, with each of `tokens`' texts in it as its token (`<[id]>`)."""
-    if not tokens:
-        return json.dumps(text)
-    pieces = re.split("(" + "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)) + ")", text)
-    return " ".join(f"<[{tokens[p]}]>" if p in tokens else json.dumps(p) for p in pieces if p)
-
-
-def _re(text: str) -> str:
-    """`text` as a literal inside a /regex/ of a Lark grammar."""
-    return "".join("\\" + c if c in r"\/.^$*+?()[]{}|&~-" else ("\\n" if c == "\n" else c) for c in text)
-
-
-def rebase(schema, base: str):
-    """`schema` with local references ("#", "#/$defs/X") rewritten to point below `base`, a JSON pointer to
-    where it is embedded, so `$defs` keep working inside a larger schema."""
-    if isinstance(schema, list):
-        return [rebase(item, base) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: rebase(value, base) for key, value in schema.items()}
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        out["$ref"] = base + ref[1:]
     return out
 
 
@@ -218,7 +201,7 @@ class CallsReader:
                 self._find_begin()
             hold = self.begin
             if hold is None:
-                hold = len(self.text) - (0 if self.free else _partial(self.text, self.family.marker or "{"))
+                hold = len(self.text) - (0 if self.free else held_back(self.text, self.family.marker or "{"))
             if hold > self.sent:
                 out.append(("content", self.text[self.sent:hold]))
                 self.sent = hold
@@ -275,48 +258,3 @@ class CallsReader:
     def tool_calls(self) -> list[dict]:
         return [{"id": self.family.call_id(), "type": "function",
                  "function": {"name": c["name"], "arguments": self.arguments(i)}} for i, c in enumerate(self.calls)]
-
-
-def _partial(text: str, marker: str) -> int:
-    """How many trailing characters of `text` are a proper prefix of `marker` (held back: they may open it)."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
-class ValueEnd:
-    """Where a JSON value ends, found incrementally (strings and nesting tracked across calls)."""
-
-    def __init__(self) -> None:
-        self.depth, self.in_string, self.escaped, self.begun = 0, False, False, False
-
-    def feed(self, text: str, i: int) -> int:
-        """Scan text[i:] (the value began at or before i); the index just past the value, or -1."""
-        for i in range(i, len(text)):
-            c = text[i]
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif c == "\\":
-                    self.escaped = True
-                elif c == '"':
-                    self.in_string = False
-                    if self.depth == 0:
-                        return i + 1
-            elif c == '"':
-                self.in_string = self.begun = True
-            elif c in "{[":
-                self.depth += 1
-                self.begun = True
-            elif c in "}]":
-                if self.depth == 0:  # the end of a scalar: the enclosing object closes
-                    return i
-                self.depth -= 1
-                if self.depth == 0:
-                    return i + 1
-            elif c == "," and self.depth == 0 and self.begun:
-                return i
-            elif not c.isspace():
-                self.begun = True
-        return -1

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 from ..errors import ExactSpecError, FieldError
 from ..speculative.grammar import JSON_OPTIONS, grammar_from_spec
-from .families import CallsReader, Family, ValueEnd, rebase
+from .call_syntax import ValueEnd, rebase
+from .families import CallsReader, Family
+from .xml_calls import XmlFamily, XmlReader
 from .limits import MAX_TOOLS, check_schema
 
 TAG = "<tool_call>"
@@ -42,13 +44,14 @@ class ToolPlan:
     names: list[str]
     constraint: dict  # a constraint spec, as `grammar_from_spec` reads it
     system_prompt: str = ""
-    family: Family | None = None
+    family: Family | XmlFamily | None = None
     tools: list[dict] | None = None  # what the chat template gets as `tools` (a family's)
+    schemas: dict[str, dict] | None = None  # a family's tools: name -> parameters schema (its reader's)
     shown: dict[int, str] | None = None  # special tokens whose text the output keeps (a family's markup tokens)
 
-    def reader(self) -> "CallReader | CallsReader":
+    def reader(self) -> "CallReader | CallsReader | XmlReader":
         """A reader of this plan's answer as it streams."""
-        return CallReader(self) if self.family is None else CallsReader(self.family, self.mode)
+        return CallReader(self) if self.family is None else self.family.reader(self.mode, self.schemas)
 
     def read(self, text: str, done: bool) -> tuple[str | None, list[dict] | None]:
         """The generated text -> (message content, tool_calls); a call cut short (max_tokens) stays text."""
@@ -146,7 +149,7 @@ class CallReader:
             return False
 
 
-def plan_tools(tools: list | None, tool_choice, family: Family | None = None, parallel=True,
+def plan_tools(tools: list | None, tool_choice, family: Family | XmlFamily | None = None, parallel=True,
                tokens: dict[str, int] | None = None) -> ToolPlan | None:
     """Check `tools` / `tool_choice` (FieldError naming the field on a bad one) -> the plan, or None (no
     tools used). Every tool's parameters are checked (limits.py) and compiled, even under tool_choice "none".
@@ -171,7 +174,7 @@ def plan_tools(tools: list | None, tool_choice, family: Family | None = None, pa
         mode = choice if choice in ("auto", "required") else "named"
         grammar = family.grammar(schemas, mode, parallel, tokens)
         return ToolPlan(mode, list(schemas), {"type": "grammar", "grammar": grammar}, family=family, tools=tools,
-                        shown={i: text for text, i in tokens.items()} if tokens else None)
+                        schemas=schemas, shown={i: text for text, i in tokens.items()} if tokens else None)
     listing = "\n".join(json.dumps({"name": n, "description": d, "parameters": p}) for n, (p, d) in functions.items())
     if choice not in ("auto", "required"):
         name = choice
