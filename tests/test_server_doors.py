@@ -27,12 +27,28 @@ CLAUDE_TOOL = {"name": "get_weather", "description": "Today's weather in a city.
 GREEDY = {"temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def api(llamacpp_rows):
-    for served in _running(create_app(llamacpp_rows, model_name=MODEL, api_key=KEY), None):
+def serving(engine):
+    for served in _running(create_app(engine, model_name=MODEL, api_key=KEY), None):
         served.openai = openai.OpenAI(base_url=f"{served.base}/v1", api_key=KEY, max_retries=0, timeout=120)
         served.claude = anthropic.Anthropic(base_url=served.base, api_key=KEY, max_retries=0, timeout=120)
         yield served
+
+
+@pytest.fixture(scope="module")
+def api(llamacpp_rows):
+    """The server on the default backend (llama.cpp)."""
+    yield from serving(llamacpp_rows)
+
+
+@pytest.fixture(scope="module")
+def api_torch(embedded):
+    """The same server on the torch backend (the tool loops run on both)."""
+    yield from serving(embedded)
+
+
+@pytest.fixture(params=["llama.cpp", "torch"])
+def backend_api(request):
+    return request.getfixturevalue("api" if request.param == "llama.cpp" else "api_torch")
 
 
 def events(base: str, path: str, body: dict) -> list[tuple[str, dict]]:
@@ -67,9 +83,9 @@ def test_responses_text_streamed_equals_whole(api):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_responses_function_tool_loop(api, stream):
+def test_responses_function_tool_loop(backend_api, stream):
     """A forced call, its output sent back under previous_response_id (only the new item), a text answer."""
-    client = api.openai
+    client = backend_api.openai
     ask = dict(model=MODEL, tools=[FLAT_TOOL], max_output_tokens=32, **GREEDY)
     if stream:
         with client.responses.stream(input="What is the weather in Paris?", tool_choice="required", **ask) as s:
@@ -91,9 +107,9 @@ def test_responses_function_tool_loop(api, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_messages_tool_use_loop(api, stream):
+def test_messages_tool_use_loop(backend_api, stream):
     """`any` forces a tool_use; its tool_result goes back; the model answers in text."""
-    claude = api.claude
+    claude = backend_api.claude
     ask = dict(model=MODEL, max_tokens=32, tools=[CLAUDE_TOOL], extra_body=GREEDY)
     question = [{"role": "user", "content": "What is the weather in Paris?"}]
     if stream:
@@ -229,3 +245,21 @@ def test_malformed_requests_are_4xx_in_each_apis_shape_and_the_server_keeps_serv
             assert error["error"]["message"] and error["error"]["type"] == "invalid_request_error", (body, error)
     ok = api.openai.responses.create(model=MODEL, input="Say hi.", max_output_tokens=2, **GREEDY)
     assert ok.usage.output_tokens == 2
+
+
+def test_the_key_comes_from_a_flag_a_file_or_the_environment(tmp_path, monkeypatch):
+    from exactspec.errors import ExactSpecError
+    from exactspec.server.auth import ENV, read_key
+    from exactspec.server.cli import loopback
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert read_key(None, None) is None
+    (tmp_path / "key").write_text("sk-file\nignored\n")
+    assert read_key(None, str(tmp_path / "key")) == "sk-file" and read_key("sk-flag", None) == "sk-flag"
+    monkeypatch.setenv(ENV, "sk-env")
+    assert read_key(None, None) == "sk-env" and read_key("sk-flag", None) == "sk-flag"
+    for bad in [("a", str(tmp_path / "key")), (None, str(tmp_path / "missing")), ("has space", None)]:
+        with pytest.raises(ExactSpecError):
+            read_key(*bad)
+    assert loopback("127.0.0.1") and loopback("::1") and loopback("localhost")
+    assert not loopback("0.0.0.0") and not loopback("192.0.2.7") and not loopback("myhost")
