@@ -37,9 +37,9 @@ $(STAMP): requirements.txt pyproject.toml scripts/build_llama_cpp.py scripts/lla
 
 setup: $(STAMP)
 
-# Demo: an input-grounded prompt, speculative vs plain decoding side by side in one process.
+# Demo: an input-grounded edit (reformat a JSON object), speculative vs plain decoding side by side in one process.
 run: setup
-	$(VENV)/bin/exactspec generate - --compare --max-new-tokens 160 < examples/type-hints.txt
+	$(VENV)/bin/exactspec generate - --compare --max-new-tokens 160 < examples/format-json.txt
 
 # Two workers, one per core, each taking whole test files (module fixtures load once): 11-13 min here, against
 # 20 one after another. One file alone: .venv/bin/python -m pytest tests/test_server.py

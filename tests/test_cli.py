@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -102,6 +103,15 @@ def test_vocabulary_mismatch(tmp_path):
     assert_one_line_error(exactspec("generate", "hi", "--draft", str(tmp_path / "tiny")), "vocabulary")
 
 
+def test_compare_a_against_a_is_about_one():
+    """The method, not a speed: plain against plain through `--compare` (γ 0 on both sides), alternated
+    and warmed alike, comes out near 1 (a wide band: the machine is shared with the suite)."""
+    proc = exactspec("generate", "Rewrite in the past tense: I walk home.", "--gamma", "0", "--compare", "--json")
+    assert proc.returncode == 0, proc.stderr
+    compare = json.loads(proc.stdout)["compare"]
+    assert compare["identical"] and compare["rounds"] >= 3 and 0.5 < compare["speedup"] < 2.0, compare
+
+
 def test_help_explains():
     out = exactspec("generate", "--help")
     assert out.returncode == 0 and "--draft" in out.stdout and "greedy" in out.stdout
@@ -118,6 +128,8 @@ def test_json_compare_contract():
         assert isinstance(sample["text"], str) and sample["token_ids"] and len(sample["token_ids"]) <= 24
     assert out["compare"]["identical"] is True  # greedy by default
     assert out["compare"]["speedup"] > 0
+    rounds = out["compare"]["round_speedups"]  # alternated rounds, the median reported
+    assert out["compare"]["rounds"] == len(rounds) >= 3 and out["compare"]["speedup"] == statistics.median(rounds)
     for key in ("target_calls", "draft_calls", "proposed", "accepted", "accepted_per_position",
                 "acceptance_rate", "tokens_per_target_call", "wall_s", "tokens_per_s"):
         assert key in out["stats"]

@@ -115,3 +115,55 @@ def test_bigram_counts_context_once():
     d.propose([1, 2, 1, 2, 1], 1, GREEDY, None)
     assert d.bigram[1][2] == 2 and d.bigram[2][1] == 2 and d.unigram.tolist()[:3] == [0, 3, 2]
     assert d.propose([1, 2, 1, 2, 1], 2, GREEDY, None).tokens() == [2, 1]
+
+
+def test_a_copy_is_cut_before_a_drafted_end_of_sequence():
+    """An EOS drafted saves no pass (the pass verifying it would have given it) and nothing after it is
+    used: a copy stops before it. A sampled draft is not cut (stopping where a sampled token is EOS would
+    bias the tokens before it); a grammar's forced tokens are not a draft's."""
+    from exactspec.speculative.interfaces import Proposal
+    from exactspec.speculative.propose import before_eos
+
+    copy = Proposal([5, 1, 3], None, 2)
+    assert before_eos(copy, 0, {1}).tokens() == [5] and before_eos(copy, 0, {1}).match == 2
+    assert before_eos(Proposal([1, 3], None, 2), 0, {1}) is None
+    assert before_eos(copy, 0, set()) is copy and before_eos(None, 0, {1}) is None
+    sampled = Proposal(torch.tensor([5, 1]), torch.full((2, 8), 1 / 8), 0)
+    assert before_eos(sampled, 0, {1}) is sampled
+    assert before_eos(Proposal([1, 5, 1, 6], None), 1, {1}).tokens() == [1, 5]
+
+
+def test_no_draft_holds_an_eos_and_the_output_is_plain_decodings():
+    """A prompt whose copies run into the end of sequence (as a chat prompt's copies run into the turn's
+    end): no verified draft holds EOS, and the text is plain greedy decoding's. Control: without the cut
+    (`before_eos` a no-op) the same run drafts EOS."""
+    from exactspec.models.torch_hf import HFCausalLM
+    from exactspec.speculative import propose as propose_module
+    from exactspec.speculative.verify import verify
+
+    from .conftest import tiny_llama
+
+    target = HFCausalLM(tiny_llama(0), eos_token_ids={1})
+    greedy = SamplingParams(temperature=0)
+    prompt = [3, 5, 1, 2, 3, 5, 1, 4, 3, 5, 1, 6, 3, 5]
+
+    def drafted(cut=True):
+        seen = []
+
+        def recording(drafts, *args, **kwargs):
+            seen.extend(drafts.tolist() if isinstance(drafts, torch.Tensor) else list(drafts))
+            return verify(drafts, *args, **kwargs)
+
+        real = propose_module.before_eos
+        if not cut:
+            propose_module.before_eos = lambda proposal, forced, eos: proposal
+        try:
+            out = list(decode(target, PromptLookupDrafter(), prompt, greedy, 4, 12, torch.Generator(), verifier=recording))
+        finally:
+            propose_module.before_eos = real
+        return out, seen
+
+    plain = list(decode(target, None, prompt, greedy, 0, 12))
+    out, seen = drafted()
+    assert out == plain and seen and 1 not in seen
+    assert 1 in drafted(cut=False)[1]

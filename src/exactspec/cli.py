@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 from . import progress
@@ -184,24 +185,44 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _print_samples(results, stats, constraint)
     if args.compare:
         progress.status("decoding the same prompt plainly (gamma 0) to compare ...")
-        plain, plain_stats = run(0)
-        out["compare"] = {
-            "identical": all(a.token_ids == b.token_ids for a, b in zip(results, plain)),
-            "speedup": (stats.tokens_per_s or 0) / (plain_stats.tokens_per_s or float("inf")),
-            "spec_tokens_per_s": stats.tokens_per_s,
-            "plain_tokens_per_s": plain_stats.tokens_per_s,
-            "spec_decode_s": stats.decode_s,
-            "plain_decode_s": plain_stats.decode_s,
-            "greedy": args.temperature == 0,
-        }
+        out["compare"] = compare(run, engine.gamma, results, stats, args.temperature == 0)
     if args.json:
         print(json.dumps(out))
         return 0
     if args.compare:
         c = out["compare"]
-        print(f"[plain decoding: {c['plain_tokens_per_s']:.1f} tok/s; speed-up {c['speedup']:.2f}x; "
-              f"outputs identical: {c['identical']}]", file=sys.stderr)
+        spread = f" (rounds {min(c['round_speedups']):.2f}-{max(c['round_speedups']):.2f}x)"
+        print(f"[plain decoding: {c['plain_tokens_per_s']:.1f} tok/s; speed-up {c['speedup']:.2f}x, median of "
+              f"{c['rounds']} alternated rounds{spread}; outputs identical: {c['identical']}]", file=sys.stderr)
     return 0
+
+
+COMPARE_ROUNDS = (3, 15)  # runs of each side in --compare, alternated (A B B A A B ...): each side warmed alike
+COMPARE_S = 2.0  # ... as many as fit in about this many seconds of decoding (a short answer's run is noise)
+
+
+def compare(run, gamma, results, stats, greedy: bool) -> dict:
+    """`--compare`: the speculative run already made (`results`, `stats`), then plain and speculative
+    runs alternated, A B B A A B ..., 3 to 15 of each (as many as fit in COMPARE_S seconds); the
+    speed-up is the median of the rounds' ratios (a short answer's one run is at the mercy of a
+    millisecond). `identical`: every plain and speculative output equal (greedy: must be)."""
+    spec, plain, outputs = [stats], [], [[r.token_ids for r in results]]
+    low, high = COMPARE_ROUNDS
+    rounds = max(low, min(high, int(COMPARE_S / max(2 * stats.decode_s, 1e-3))))
+    for i in range(2 * rounds - 1):
+        is_plain = i % 4 in (0, 1)  # after the first A: B B A A B
+        got, got_stats = run(0 if is_plain else gamma)
+        (plain if is_plain else spec).append(got_stats)
+        outputs.append([r.token_ids for r in got])
+    ratios = [(s.tokens_per_s or 0) / (p.tokens_per_s or float("inf")) for s, p in zip(spec, plain)]
+
+    median = statistics.median
+    return {"identical": all(o == outputs[0] for o in outputs), "speedup": median(ratios), "rounds": len(ratios),
+            "round_speedups": ratios,
+            "spec_tokens_per_s": median([s.tokens_per_s or 0 for s in spec]),
+            "plain_tokens_per_s": median([p.tokens_per_s or 0 for p in plain]),
+            "spec_decode_s": median([s.decode_s for s in spec]), "plain_decode_s": median([p.decode_s for p in plain]),
+            "greedy": greedy}
 
 
 def _print_samples(results, stats, constraint) -> None:

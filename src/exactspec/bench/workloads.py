@@ -4,6 +4,8 @@
 - `chat`: open questions;
 - `edit`: apply a small change to a 150-400 token code or prose file and return the whole file (a long
   copy with an edit in it);
+- `short`: answers of a few tokens (a tool name, yes / no, a one-line reply), as agents get them: what
+  the defaults must not slow down, with nothing to gain;
 - `json`: structured output (extraction and tool-call prompts, each with a JSON schema its answer must
   follow: `{"name", "max_new_tokens", "prompt", "schema"}` per line of json.jsonl; string lengths and
   array sizes are bounded so that every answer the schema allows fits `max_new_tokens`).
@@ -15,7 +17,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-WORKLOADS = ("grounded", "chat", "edit", "json")
+WORKLOADS = ("grounded", "chat", "edit", "short", "json")
 CONSTRAINED = ("json",)  # workloads whose cases carry a response_format
 
 

@@ -217,7 +217,8 @@ class BatchDecoder:
         rows = self.rows
         if not rows:
             return
-        drafts = propose(rows, self.target.max_length - max(len(r.context) for r in rows))
+        eos = self.target.eos_token_ids if self.stop_on_eos else set()
+        drafts = propose(rows, self.target.max_length - max(len(r.context) for r in rows), eos)
         t = time.perf_counter()
         scored = self._score(rows, drafts)
         emitted = [_accept(row, scored, j) for j, row in enumerate(rows)]

@@ -42,9 +42,25 @@ def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params
     return (proposal if proposal is not None and len(proposal) else None), len(forced)
 
 
-def propose(rows: list[Row], room: int) -> list[Draft]:
+def before_eos(proposal: Proposal | None, forced: int, eos: set[int]) -> Proposal | None:
+    """A point-mass proposal (a copy) cut before its first drafted end of sequence: an EOS drafted saves
+    no pass (the pass that verifies it would have given it, as its bonus token) and what follows it is
+    never used, while each drafted token widens the pass. A copy is a function of the context alone, so
+    the cut is another deterministic proposal: exact. (A sampled draft is not cut: stopping where a
+    sampled token is EOS would bias the tokens before it against their draft law q.)"""
+    if proposal is None or proposal.probs is not None or not eos:
+        return proposal
+    tokens = proposal.tokens()
+    at = next((i for i, t in enumerate(tokens) if i >= forced and t in eos), None)
+    if at is None:
+        return proposal
+    return Proposal(tokens[:at], None, proposal.match) if at else None
+
+
+def propose(rows: list[Row], room: int, eos: set[int] = frozenset()) -> list[Draft]:
     """Every row's drafts, at most `room` past the longest context: grammar-forced tokens first (outside
-    γ), then the drafter's `budget` (auto asked once per policy); rows of copying drafters under auto
+    γ), then the drafter's `budget` (auto asked once per policy), a copy cut before a drafted EOS
+    (`before_eos`; `eos`: the target's end-of-sequence ids); rows of copying drafters under auto
     are then cut to one width of the drafter's part per policy, priced by T(B, width + 1) (on a
     ragged target, to a width per row, priced by the passes they add; such a batch sits an iteration
     out while its copies keep being cut to nothing, `AutoGamma.resting`). A row whose
@@ -77,6 +93,7 @@ def propose(rows: list[Row], room: int) -> list[Draft]:
             if bounded:
                 row.drafter.shortest = row.gamma.shortest_paying([("context", sampling_mode(row.params))], row.drafter.max_match)
             proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
+            proposal = before_eos(proposal, forced, eos)
             if bounded:
                 next_lookup(row, proposal)
         except Exception as e:  # a drafter's or a grammar's failure: this row alone fails (no drafts)
