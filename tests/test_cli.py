@@ -171,3 +171,10 @@ def test_compare_under_the_users_openmp_setting():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["compare"]["identical"] is True and len(out["prompt_token_ids"]) > 256
+
+
+def test_serve_refuses_a_key_it_could_not_enforce_and_a_key_file_it_cannot_read(tmp_path):
+    """Fail closed: --replicas (Ray Serve) does not check the key yet, so a key there is refused, not
+    ignored; an unreadable key file is one line, before the model loads."""
+    assert_one_line_error(exactspec("serve", "--replicas", "1", "--api-key", "sk-x"), "not enforced with --replicas")
+    assert_one_line_error(exactspec("serve", "--api-key-file", str(tmp_path / "missing")), "cannot read --api-key-file")

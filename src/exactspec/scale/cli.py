@@ -62,8 +62,13 @@ def load_kwargs(args: argparse.Namespace) -> dict:
 
 def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
     """`exactspec serve --replicas N`: deploy and serve until interrupted."""
+    from ..server.auth import read_key
     from . import init_ray
     from .serve import Replicas, run
+
+    if read_key(args.api_key, args.api_key_file) is not None:  # fail closed: never a key silently unenforced
+        raise ExactSpecError("an API key is not enforced with --replicas yet: serve without --replicas, or put "
+                             "the Ray Serve ingress behind a proxy that checks the key")
 
     count = args.replicas if args.replicas is not None else max(1, args.min_replicas or 1)
     replicas = Replicas(count, args.cpus_per_replica, args.min_replicas,
