@@ -2,9 +2,9 @@
 
 Each mutant is applied by monkeypatching the real function (the verifier the loop's acceptance rule calls,
 a drafter's `propose`, the law's warp or penalties); the loop's law is then enumerated exactly
-(tests/exact_law.py) and compared with the target's. A mutant is caught when the law moves by more than
-1e-3 (10^4 times the exact tests' tolerance) or the loop refuses to go on (e.g. an emitted token breaks
-the grammar). Three mutants are EQUIVALENT: they change no law, and the test asserts that they pass, so
+(tests/exact_law.py) and compared with the target's. Each mutant names how it must be caught: the law
+moves by more than 1e-3 (10^4 times the exact tests' tolerance), or the loop stops on a named assertion
+(an emitted token breaks the grammar); an exception of any other kind fails the test. Four mutants are EQUIVALENT: they change no law, and the test asserts that they pass, so
 the exact-law test raises no false alarm. Exactness needs q reported = q sampled; it does not need q warped
 or masked like p (a worse q only lowers acceptance). Nor does it forbid cutting sampled drafts after they
 are drawn: only a cut that reads the drafted tokens themselves biases the law (test_exact_law_auto.py).
@@ -147,47 +147,68 @@ def cut_after_drafting(match_of):
     return install
 
 
+def cut_before(token: int, sampled_too: bool):
+    """`propose.before_eos` cutting every proposal before `token` (as if it were EOS, which the loop then
+    does not stop on): as it is (copies only), or with its guard gone (sampled drafts cut too)."""
+    def cut(proposal, forced, eos):
+        if proposal is None or (proposal.probs is not None and not sampled_too):
+            return proposal
+        ids = proposal.tokens()
+        at = next((i for i, t in enumerate(ids) if i >= forced and t == token), None)
+        if at is None:
+            return proposal
+        return Proposal(ids[:at], None if proposal.probs is None else proposal.probs[:at], proposal.match) if at else None
+    return lambda mp: mp.setattr(propose_module, "before_eos", cut)
+
+
 def confident(proposal: Proposal) -> int:
     """How many leading drafts the drafter gave probability >= 1/2: read off the drafted tokens."""
     ids = proposal.tokens()
     return next((i for i, x in enumerate(ids) if proposal.probs[i, x] < 0.5), len(ids))
 
 
-# name -> (install(monkeypatch), config, caught?)
+LAW = "the law moves"  # how a mutant is caught; EQUIVALENT: None (the law must not move)
+BROKEN_GRAMMAR = (AssertionError, "break the grammar")  # the loop's own check of what it emitted
+
+# name -> (install(monkeypatch), config, how it is caught)
 MUTANTS = {
     "control: the verifier's copy, unmutated": (
-        lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier()), "model", False),
-    "residual = p": (lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier(residual="p")), "model", True),
+        lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier()), "model", None),
+    "residual = p": (lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier(residual="p")), "model", LAW),
     "residual not clamped (p - q)": (
-        lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier(residual="unclamped")), "model", True),
+        lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier(residual="unclamped")), "model", LAW),
     "bonus token from q": (
-        lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier(bonus_from_q=True)), "bonus", True),
+        lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier(bonus_from_q=True)), "bonus", LAW),
     "uniform reused between accept and residual (vLLM)": (
-        lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier(reuse_uniform=True)), "model", True),
-    "always accept": (lambda mp: mp.setattr(accept_module, "verify_with_uniforms", always_accept), "model", True),
+        lambda mp: mp.setattr(accept_module, "verify_with_uniforms", verifier(reuse_uniform=True)), "model", LAW),
+    "always accept": (lambda mp: mp.setattr(accept_module, "verify_with_uniforms", always_accept), "model", LAW),
     "warp on p only: q sampled warped, reported un-warped": (
         lambda mp: mp.setattr(ModelDrafter, "propose", drafter_reporting(
-            lambda q, logits, params, prev: logits.float().softmax(-1))), "warped", True),
+            lambda q, logits, params, prev: logits.float().softmax(-1))), "warped", LAW),
     "q reported != q sampled (the previous position's law)": (
         lambda mp: mp.setattr(ModelDrafter, "propose", drafter_reporting(
-            lambda q, logits, params, prev: q if prev is None else prev)), "model", True),
-    "top-p applied to q only": (lambda mp: mp.setattr(accept_module, "warp", without("top_p")), "top-p", True),
-    "min-p applied to q only": (lambda mp: mp.setattr(accept_module, "warp", without("min_p")), "min-p", True),
+            lambda q, logits, params, prev: q if prev is None else prev)), "model", LAW),
+    "top-p applied to q only": (lambda mp: mp.setattr(accept_module, "warp", without("top_p")), "top-p", LAW),
+    "min-p applied to q only": (lambda mp: mp.setattr(accept_module, "warp", without("min_p")), "min-p", LAW),
     "penalty counts off by one position": (
-        lambda mp: mp.setattr(TargetLaw, "_penalise", penalise_off_by_one), "penalties", True),
+        lambda mp: mp.setattr(TargetLaw, "_penalise", penalise_off_by_one), "penalties", LAW),
     "grammar mask on the draft only": (
-        lambda mp: mp.setattr(TargetLaw, "probs", mask_on_draft_only(TargetLaw.probs)), "grammar", True),
+        lambda mp: mp.setattr(TargetLaw, "probs", mask_on_draft_only(TargetLaw.probs)), "grammar", BROKEN_GRAMMAR),
     "γ chosen after seeing the drafts: sampled drafts cut like copies, by how many the drafter was sure of": (
-        cut_after_drafting(confident), "auto-bigram", True),
+        cut_after_drafting(confident), "auto-bigram", LAW),
+    "sampled drafts cut before a drafted end of sequence (before_eos without its point-mass guard)": (
+        cut_before(0, sampled_too=True), "model", LAW),
     # equivalent mutants: the law is unchanged, and the exact-law test must say so
     "EQUIVALENT warp on p only: q sampled AND reported un-warped": (
         lambda mp: mp.setattr("exactspec.drafters.model.warp", lambda logits, params: logits.float().softmax(-1)),
-        "warped", False),
+        "warped", None),
     "EQUIVALENT grammar mask on the target only: q sampled AND reported unmasked": (
         lambda mp: mp.setattr(TargetLaw, "draft_probs", lambda self, logits, prefix: warp(logits, self.params)),
-        "grammar", False),
+        "grammar", None),
     "EQUIVALENT sampled drafts cut like copies, by a match blind to their values (their count)": (
-        cut_after_drafting(len), "auto-bigram", False),
+        cut_after_drafting(len), "auto-bigram", None),
+    "EQUIVALENT copies cut before a drafted end of sequence (before_eos as it is)": (
+        cut_before(0, sampled_too=False), "lookup", None),
 }
 
 
@@ -206,6 +227,10 @@ def config(name: str):
         params = {"warped": SamplingParams(temperature=0.7, top_k=2), "top-p": SamplingParams(top_p=0.6),
                   "min-p": SamplingParams(min_p=0.25)}[name]
         return first_tokens(target, model, PROMPT, params, 2, 2), target_law(target, PROMPT, 2, params=params)
+    if name == "lookup":  # point-mass copies, three tokens deep
+        params = SamplingParams()
+        return (first_tokens(target, drafter_factory("prompt-lookup", vocab, draft), PROMPT, params, 3, 3),
+                target_law(target, PROMPT, 3, params=params))
     if name == "penalties":
         params, pen = SamplingParams(), Penalties(frequency_penalty=1.5)
         make_law = lambda: TargetLaw(params, PROMPT, vocab, penalties=pen)
@@ -226,16 +251,17 @@ def config(name: str):
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_mutant_is_caught_by_the_exact_law(monkeypatch, mutant):
-    install, name, must_be_caught = MUTANTS[mutant]
+    install, name, caught = MUTANTS[mutant]
     run, oracle = config(name)
     install(monkeypatch)
-    try:
-        law, _ = enumerate_law(run)
-    except Exception as e:  # the loop refused (a grammar broken, a law that is not a distribution)
-        assert must_be_caught, f"{mutant}: the loop raised {e!r}"
+    if isinstance(caught, tuple):  # the loop must stop on that assertion, and on no other exception
+        kind, words = caught
+        with pytest.raises(kind, match=words):
+            enumerate_law(run)
         return
+    law, _ = enumerate_law(run)
     gap = distance(law, oracle)
-    if must_be_caught:
+    if caught == LAW:
         assert gap > CAUGHT, f"{mutant}: NOT caught, the law moved by {gap:.2e} only"
     else:
         assert gap < 1e-7, f"{mutant}: should change no law, moved it by {gap:.2e}"
