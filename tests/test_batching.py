@@ -11,6 +11,7 @@ import re
 import pytest
 
 from exactspec.batching import Delivery, Job, Scheduler, run_jobs
+from exactspec.models.llama_cpp_numerics import CANDIDATES
 from exactspec.scale.batch import run_lines
 from exactspec.server.schemas import ChatCompletionRequest, CompletionRequest
 from exactspec.stats import Stats
@@ -53,9 +54,12 @@ def test_a_long_prompt_joins_in_chunks_while_others_stream(llamacpp_rows, seed):
     """Chunked prefill: a ~400-token prompt joining a streaming row is prefilled 64 tokens per iteration,
     so the running row keeps getting tokens meanwhile (today's whole prefill froze it); both outputs are
     what each gives alone, greedy and seeded (a request's 2 samples copy the finished prefill)."""
-    from collections import deque
+    chunked_join(llamacpp_rows, seed)
 
-    engine = llamacpp_rows
+
+def chunked_join(engine, seed: int | None) -> None:
+    """A running row, then two samples of a ~400-token prompt joining it in 64-token chunks: the running
+    row streams through the prefill, and every output is what it is alone."""
     sampling = dict(temperature=0) if seed is None else dict(temperature=0.9, top_p=0.95)
     long_prompt = "Summarise: " + " ".join(f"item {i} costs {i * 7 % 13} euros;" for i in range(45))
     running = job(engine, COUNTING, seed=seed, max_new_tokens=40, **sampling)
@@ -80,6 +84,36 @@ def test_a_long_prompt_joins_in_chunks_while_others_stream(llamacpp_rows, seed):
                                 seed=j.seed, **sampling)
         assert j.result.token_ids == alone.token_ids
     assert joiners[0].result.stats.prefill_tokens == prompt_tokens - 1 == joiners[1].result.stats.prefill_tokens
+
+
+def _setting_id(setting) -> str:
+    return setting.describe(2).replace(" ", "-")
+
+
+@pytest.mark.parametrize("setting", CANDIDATES, ids=_setting_id)
+def test_chunked_prefill_on_every_setting_the_self_test_can_choose(embedded_llamacpp, setting):
+    """The chunked join on each llama.cpp setting the self-test may pick (forced here, whichever it picked
+    on this CPU), on 4 batched rows: greedy outputs equal each prompt alone. On `make setup`'s patched
+    build every candidate is bit-exact (each keeps one-token steps on the kernels blocks use), so a
+    difference fails; a stock build, where the unpadded tiled one is not, skips and says so."""
+    import llama_cpp
+
+    from exactspec.engine import Engine
+    from exactspec.models.llama_cpp import load_llama_cpp
+
+    patched = "+exactspec" in llama_cpp.__version__
+    if not patched and setting.prefill_tile and not setting.pad:
+        pytest.skip(f"a stock llama-cpp-python build ({llama_cpp.__version__}): unpadded tiles need the patched one")
+    lm = load_llama_cpp(embedded_llamacpp.target.path, n_ctx=1024, threads=2, rows=4, **setting.llama_kwargs())
+    if setting.single_threads:
+        lm.set_single_threads(setting.single_threads)
+    lm.cost_key = f"chunked-test|{lm.path}"
+    engine = Engine(lm, embedded_llamacpp.tokenizer, "prompt-lookup", 4)
+    engine.backend = "llama.cpp"
+    try:
+        chunked_join(engine, None)
+    finally:
+        lm.close()
 
 
 def test_a_prompt_the_prefix_cache_holds_whole_joins_a_running_row(llamacpp_rows):
