@@ -11,7 +11,7 @@ UV_VERSION := 0.13.9
 INSTALL := $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
 # The llama.cpp engine (the CPU default for GGUF targets) compiles once from llama-cpp-python's sdist, with
-# exactspec's patches (scripts/build_llama_cpp.py: one-token steps on the kernel blocks use; attention
+# exactspec's patches (scripts/llama_cpp_patches/*.patch, applied and checked by scripts/build_llama_cpp.py: one-token steps on the kernel blocks use; attention
 # chunked in whole tiles; 2x2 Q4_1 and Q8_0 kernels on x86, odd passes included; weights prefetched; AVX-512 2x2 columns; the query heads of a K/V head in lockstep; tiled attention's chores vectorized), trimmed to the library exactspec binds: no multimodal (mtmd), tools, examples,
 # tests, server, nor the common library llama-cpp-python forces on (scripts/llama_cpp_lib_only.cmake):
 # 4 min here, not 8. The wheel is cached
@@ -22,7 +22,7 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAM
 
 .PHONY: setup run test clean gpu-check
 
-$(STAMP): requirements.txt pyproject.toml scripts/build_llama_cpp.py scripts/llama_cpp_fa_grouped.cpp
+$(STAMP): requirements.txt pyproject.toml scripts/build_llama_cpp.py $(wildcard scripts/llama_cpp_patches/*.patch)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
 	$(INSTALL) -r requirements.txt
