@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from .generation import GenerationResult, Request
+from .speculative.interfaces import RowContexts
 from .speculative.loop import BatchDecoder, _sum_rows_into
 from .speculative.rows import Row
 from .stats import Stats
@@ -109,8 +110,8 @@ class Scheduler:
 
     def __init__(self, engine, max_rows: int | None = None, stats: Stats | None = None,
                  stopping: threading.Event | None = None, prefill_chunk: int | None = -1) -> None:
-        capacity = getattr(engine.target, "max_rows", None)  # a llama.cpp context holds so many rows
-        if capacity is not None:
+        if isinstance(engine.target, RowContexts):  # a llama.cpp context holds so many rows
+            capacity = engine.target.max_rows
             max_rows = capacity if max_rows is None else min(max_rows, capacity)
         if prefill_chunk == -1:  # the engine's (`--prefill-chunk`)
             prefill_chunk = engine.prefill_chunk

@@ -21,7 +21,7 @@ from .models.seq2seq import Seq2SeqLM
 from .speculative.costmodel import (MAX_AUTO_GAMMA, TARGET_DEPTHS, Acceptance, AutoGamma, BatchCosts, CostModel,
                                     DepthCosts, deeper_depths, fitting_depth, measure_deeper, measure_drafter,
                                     Probes, measure_target)
-from .speculative.interfaces import CausalLM, Drafter
+from .speculative.interfaces import CausalLM, Drafter, RowContexts
 from .speculative.params import DRAFT_NAMES
 from .speculative.sampling import SamplingParams
 from .stats import Stats
@@ -37,7 +37,7 @@ def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[flo
     read back from the cache when its loader gave the adapter a `cost_key` (a model file, its settings)
     and it was measured on this machine with as many torch threads before: with auto γ the default,
     every CLI start would pay for it again. The decode loop refines T(k) from real iterations either way."""
-    key = getattr(target, "cost_key", None)
+    key = target.cost_key
     if key is None:
         return measure_depths(target, max_k)
     path = cache_dir("target-costs") / f"{machine_key(4, key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
@@ -149,7 +149,7 @@ class Drafting:
             draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
                                                                   SamplingParams(temperature=1.0), k=MEASURED_DRAFT_K)
             self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations,
-                                           batch=self._batch_costs, ragged=getattr(self.target, "ragged", False),
+                                           batch=self._batch_costs, ragged=isinstance(self.target, RowContexts) and self.target.ragged,
                                            depth=self._depth_costs, copies=draft in COPYING,
                                            draft_s_per_step=MEASURED_DRAFT_K * draft_s)
         return self._costs[draft]

@@ -27,7 +27,7 @@ from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
 from .models.prefix_cache import PrefixCache
 from .models.seq2seq import Seq2SeqLM
 from .speculative.costmodel import MAX_AUTO_GAMMA, AutoGamma, CostModel
-from .speculative.interfaces import CausalLM, Drafter
+from .speculative.interfaces import CausalLM, Drafter, PrefixSnapshots, RowContexts
 from .speculative.grammar import llg_tokenizer
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row
@@ -58,12 +58,12 @@ class Engine:
 
     def runtime(self) -> dict:
         """Device, dtype, what greedy identity rests on, hardware (see `loading.runtime`)."""
-        return runtime(self.device, self.dtype, self.layout, self.hardware, getattr(self.target, "identity", ""))
+        return runtime(self.device, self.dtype, self.layout, self.hardware, self.target.identity)
 
     def context_line(self) -> str:
         """`context 8192 tokens per row x 16 rows (KV cache 2.8 GiB)`: what --ctx-size gave, and its cost."""
-        rows = getattr(self.target, "max_rows", 1)
-        kv = getattr(self.target, "kv_bytes", None)
+        rows = self.target.max_rows if isinstance(self.target, RowContexts) else 1
+        kv = self.target.kv_bytes if isinstance(self.target, RowContexts) else None
         cost = f"KV cache {kv / 2**30:.2f} GiB, allocated" if kv else "KV cache grows as used"
         return f"context {self.target.max_length} tokens per row x {rows} row{'s' * (rows > 1)} ({cost})"
 
@@ -73,12 +73,12 @@ class Engine:
         that cannot snapshot their KV (the transformers adapter) ignore it."""
         if budget_mb is not None and budget_mb < 0:
             raise ExactSpecError(f"the prefix cache budget must be >= 0 MiB, got {budget_mb}")
-        if hasattr(self.target, "snapshot_prefix"):
+        if isinstance(self.target, PrefixSnapshots):
             self.target.prefix_cache = PrefixCache(budget_mb) if budget_mb else None
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
-        return getattr(self.target, "prefix_cache", None)
+        return self.target.prefix_cache if isinstance(self.target, PrefixSnapshots) else None
 
     @property
     def is_encoder_decoder(self) -> bool:

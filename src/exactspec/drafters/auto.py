@@ -33,7 +33,7 @@ import torch
 from ..speculative.sampling import SamplingParams
 from ..speculative.theory import expected_tokens
 from ..speculative.costmodel import AutoGamma, sampling_mode
-from ..speculative.interfaces import Drafter, Proposal
+from ..speculative.interfaces import Copies, Drafter, Finishing, Lookups, Proposal
 
 
 @dataclass
@@ -124,8 +124,8 @@ class AutoDrafter:
         for name in self.bandit.ranking(list(self.arms), self.local, k):
             proposal = self._from(name, context, k, params, generator, law)
             if len(proposal):
-                source = getattr(self.arms[name], "source", None)  # a copy's "context" / "store"
-                return self._chose(name, proposal, source if isinstance(source, str) else name)
+                arm = self.arms[name]  # a copy's source ("context" / "store"), else the arm's name
+                return self._chose(name, proposal, (arm.source if isinstance(arm, Copies) else None) or name)
         return Proposal.empty()
 
     def _priced(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None,
@@ -133,12 +133,12 @@ class AutoDrafter:
         mode = sampling_mode(params)
         copies = []  # (predicted speed-up, arm, proposal, source)
         for name, arm in self.arms.items():
-            if getattr(arm, "copies", False):
-                if hasattr(arm, "shortest"):  # no lookup for matches too short to pay
+            if arm.copies:
+                if isinstance(arm, Lookups):  # no lookup for matches too short to pay
                     arm.shortest = self.policy.shortest_paying([(s, mode) for s in arm.sources])
                 proposal = arm.propose(context, k, params, generator, law=law)  # timed by auto γ, per proposal
                 if len(proposal):
-                    source = getattr(arm, "source", None) or "context"
+                    source = (arm.source if isinstance(arm, Copies) else None) or "context"
                     gain = self.policy.best([(proposal.match, len(proposal), (source, mode))], 1)[1]
                     copies.append((gain, name, proposal, source))
         copies.sort(key=lambda c: -c[0])
@@ -146,7 +146,7 @@ class AutoDrafter:
             return self._chose(*copies[0][1:])
         widths = {}  # model arm -> the width auto γ gives its learned α, where that width pays
         for name, arm in self.arms.items():
-            if not getattr(arm, "copies", False):
+            if not arm.copies:
                 width = self.policy.model_width((name, mode), k)
                 if width:
                     widths[name] = width
@@ -178,7 +178,7 @@ class AutoDrafter:
     def finish(self, context: list[int]) -> None:
         """The generation ended: arms that keep something of it (the suffix drafter's store) are told."""
         for arm in self.arms.values():
-            if hasattr(arm, "finish"):
+            if isinstance(arm, Finishing):
                 arm.finish(context)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from ..speculative.sampling import SamplingParams
 from ..speculative.interfaces import Drafter, Proposal
+from .auto import AutoDrafter
 from .model import ModelDrafter
 
 
@@ -21,20 +22,24 @@ def read_source(drafter: Drafter, source_ids: list[int], decoder_start: int, eos
     model left as it is (its own encoder read the source)."""
     if isinstance(drafter, ModelDrafter):
         return drafter
-    arms = getattr(drafter, "arms", None)
-    if arms is not None:  # AutoDrafter
-        drafter.arms = {name: read_source(arm, source_ids, decoder_start, eos_token_ids) for name, arm in arms.items()}
+    if isinstance(drafter, AutoDrafter):  # each arm reads the source
+        drafter.arms = {name: read_source(arm, source_ids, decoder_start, eos_token_ids)
+                        for name, arm in drafter.arms.items()}
         return drafter
     return WithSource(drafter, source_ids, decoder_start, eos_token_ids)
 
 
 class WithSource:
+    """A context drafter that reads an encoder-decoder's source text before the decoder's context."""
+
+    copies = False  # the inner drafter's matches are in the source + context: auto γ does not cut them
+
     def __init__(self, inner: Drafter, source_ids: list[int], decoder_start: int, eos_token_ids: set[int]):
         self.inner, self.start = inner, decoder_start
         end = len(source_ids)
         while end and source_ids[end - 1] in eos_token_ids:
             end -= 1
-        self.source = list(source_ids[:end])
+        self.source_ids = list(source_ids[:end])
 
     @property
     def name(self) -> str:
@@ -44,7 +49,7 @@ class WithSource:
                 generator: torch.Generator | None, law=None) -> Proposal:
         # `law` is not passed on: the inner drafter sees another context than the law's prefix. Its
         # drafts then come from its own unmasked law, which stays exact (q is the law it sampled from).
-        return self.inner.propose(self.source + context[self.start:], k, params, generator)
+        return self.inner.propose(self.source_ids + context[self.start:], k, params, generator)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         self.inner.observe(num_proposed, num_accepted)

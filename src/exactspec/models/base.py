@@ -13,6 +13,8 @@ class OneRow:
     its own reset / forward / prefill / truncate. Subclasses call `_set_rows(batch)` in their `reset`."""
 
     batched = False
+    identity = ""  # not self-tested at load (the torch loader sets it where it ran the layout self-test)
+    cost_key: str | None = None  # set by the loader: keys auto γ's cached T(k)
     _rows = 1
 
     @property

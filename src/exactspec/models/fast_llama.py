@@ -92,6 +92,9 @@ class FastLlamaLM:
     """
 
     batched = True
+    identity = ""  # not self-tested at load (the torch loader sets it: models/layouts.py)
+    cache_generated_kv = True  # a step writes what a prefill writes (the prefix cache may keep answers)
+    cost_key: str | None = None  # set by the loader: keys auto γ's cached T(k)
 
     def __init__(self, module: torch.nn.Module, eos_token_ids: set[int] | None = None, capacity: int = 1024,
                  batch_invariant: bool | None = None, dtype: torch.dtype | None = None):

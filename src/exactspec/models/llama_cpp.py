@@ -215,6 +215,7 @@ class LlamaCppLM:
         self.threads = threads or default_threads()
         self.single_threads = self.threads  # one-token steps (llama_cpp_numerics.py may lower it at load)
         self.identity = "not self-tested at load"  # what greedy identity rests on (llama_cpp_numerics.py)
+        self.cost_key: str | None = None  # keys auto γ's cached T(k) (llama_cpp_numerics.load_self_tested)
         want = n_ctx or default_context(path, rows)
         if want < 2:
             raise ExactSpecError(f"the context must hold at least 2 tokens, got {want}")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..speculative.interfaces import PrefixSnapshots, ReusablePrefix
+
 
 @dataclass(eq=False)
 class Entry:
@@ -95,7 +97,7 @@ class PrefixCache:
         with self._lock:
             self.lookups += 1
             key, n = self.match(ids)
-            if key is not None and hasattr(target, "reusable"):
+            if key is not None and isinstance(target, ReusablePrefix):
                 n = target.reusable(n, self.entries[key].state, ids)
             state = None
             if key is not None and n >= self.min_tokens:
@@ -148,8 +150,7 @@ class PrefixCache:
 
 def cache_of(target) -> PrefixCache | None:
     """The target's prefix cache, if it has one and can snapshot its KV."""
-    cache = getattr(target, "prefix_cache", None)
-    return cache if cache is not None and hasattr(target, "snapshot_prefix") else None
+    return target.prefix_cache if isinstance(target, PrefixSnapshots) else None
 
 
 def prefill_prompt(target, ids: list[int]) -> int:
@@ -173,6 +174,6 @@ def remember(target, context: list[int], prompt_length: int, row: int = 0, cache
     if cache is None:
         return
     held = target.length if cached is None else cached
-    if not getattr(target, "cache_generated_kv", True):
+    if not target.cache_generated_kv:
         held = min(held, prompt_length - 1)
     cache.save(target, context[: min(held, len(context))], row)

@@ -10,6 +10,12 @@ cache holds one sequence (transformers, encoder-decoder, a one-row llama.cpp con
 special case in the loop. `batched` says which kind an adapter is (batching.py decodes one-row adapters'
 requests one after another); models/fast_llama.py and a llama.cpp context of several rows are batched.
 
+Optional capabilities are named protocols below: an adapter's (`ArgmaxSteps`, `RowContexts`,
+`SavedCache`, `PrefixSnapshots`, `ReusablePrefix`) and a drafter's (`Copies`, `Lookups`, `Finishing`),
+each checked by `isinstance` where a decoder, an engine or a proposal takes the object in, never probed
+by an attribute's name: a new backend's (or drafter's) author implements `CausalLM` (`Drafter`) and
+whichever of them it can, and the loop's paths say which they need.
+
 Drafter: propose up to k tokens (with the law they were drawn from), then hear the outcome.
 Drafters never see the target model. The verifier only needs each proposed token and the draft
 probabilities it was sampled from (or none, for deterministic point-mass proposals such as prompt
@@ -74,6 +80,8 @@ class CausalLM(Protocol):
     eos_token_ids: set[int]
     max_length: int  # context window in tokens
     batched: bool  # the cache holds many rows (False: at most one, see OneRow)
+    identity: str  # what greedy identity rests on, in words ("" where the loader did not self-test it)
+    cost_key: str | None  # keys auto γ's cached T(k) (a model file and its settings; None: measured afresh)
 
     @property
     def length(self) -> int:
@@ -112,4 +120,125 @@ class CausalLM(Protocol):
 
     def append_rows(self, prompt_ids: list[int], copies: int = 1) -> int:
         """Append `copies` rows holding prompt_ids[:-1] (through the prefix cache, if any) -> tokens reused."""
+        ...
+
+
+# --- optional capabilities --------------------------------------------------------------------------
+
+@runtime_checkable
+class ArgmaxSteps(Protocol):
+    """A one-row greedy step that returns each position's argmax in place of its [k, V] logits."""
+
+    def forward_argmax(self, new_ids: list[int]) -> list[int]:
+        ...
+
+
+@runtime_checkable
+class RowContexts(Protocol):
+    """A context of `max_rows` rows (llama.cpp's sequences) that scores rows of different lengths in one
+    pass, unpadded (`ragged`, when its rows were found to score as they do alone), and takes a prompt in
+    while other rows decode: opened, extended a chunk at a time (`chunked_prefill`), copied for a
+    request's samples, or dropped."""
+
+    max_rows: int
+    ragged: bool
+    kv_bytes: int  # the KV cache's size, all rows
+
+    @property
+    def chunked_prefill(self) -> bool:
+        ...
+
+    def forward_ragged(self, ids: list[list[int]], logits: bool = True) -> torch.Tensor | None:
+        """ids: each row's new tokens (any lengths, [] for none) -> logits [B, max k, V], zero-filled."""
+        ...
+
+    def forward_ragged_argmax(self, ids: list[list[int]]) -> list[list[int]]:
+        ...
+
+    def open_row(self, prompt_ids: list[int], copies: int = 1) -> tuple[int, list[int]]:
+        """A new last row for a prompt -> (tokens reused from the prefix cache, the tokens left to prefill)."""
+        ...
+
+    def prefill_chunk(self, seq: int, want: int) -> int:
+        """How many of `want` next prompt tokens row `seq` should prefill now (whole tiles)."""
+        ...
+
+    def extend_row(self, seq: int, ids: list[int]) -> None:
+        ...
+
+    def copy_row(self, seq: int, copies: int) -> None:
+        ...
+
+    def drop_rows(self, first: int) -> None:
+        ...
+
+
+@runtime_checkable
+class SavedCache(Protocol):
+    """The whole cache put aside and back (the batch's, while the target is lent for a measurement)."""
+
+    def save_cache(self) -> object:
+        ...
+
+    def restore_cache(self, saved: object) -> None:
+        ...
+
+
+@runtime_checkable
+class PrefixSnapshots(Protocol):
+    """Copies of a row's KV for the prefix cache (models/prefix_cache.py), consulted on prefill.
+    `cache_generated_kv`: whether a generation's own KV may be kept (one-token steps write what a prefill
+    writes), not only its prompt's."""
+
+    prefix_cache: object | None
+    cache_generated_kv: bool
+
+    def snapshot_prefix(self, length: int, row: int = 0) -> tuple[object, int]:
+        """A copy of `row`'s KV for positions [0, length) -> (state, its bytes)."""
+        ...
+
+    def restore_prefix(self, state: object, length: int) -> None:
+        """A one-row cache holding state's first `length` positions."""
+        ...
+
+
+@runtime_checkable
+class ReusablePrefix(Protocol):
+    """A prefill whose numerics depend on the prompt it is part of (llama.cpp's tiled prefill): how much
+    of a cached match was computed as this prompt would compute it, and so may be reused."""
+
+    def reusable(self, common: int, state: object, ids: list[int]) -> int:
+        ...
+
+
+@runtime_checkable
+class Copies(Protocol):
+    """A drafter whose proposals may be copies with a match length (`copies` True: auto γ may cut one to
+    any prefix once its match is known), and where its last one came from (`source`: "context" or
+    "store"; None: its own context)."""
+
+    copies: bool
+    source: str | None
+
+
+@runtime_checkable
+class Lookups(Copies, Protocol):
+    """A copying drafter that looks matches up (prompt lookup, suffix): where it may copy from, and the
+    shortest match worth a lookup (`shortest`, set by auto γ: a shorter one cannot pay), its n-gram
+    `orders` and longest match."""
+
+    shortest: int
+    max_match: int
+    orders: tuple[int, ...]
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        ...
+
+
+@runtime_checkable
+class Finishing(Protocol):
+    """A drafter told when its generation ends (the suffix drafter's store keeps the output)."""
+
+    def finish(self, context: list[int]) -> None:
         ...

@@ -44,7 +44,7 @@ from ..models.prefix_cache import cache_of, remember
 from ..stats import Stats, total
 from .accept import Scored, acceptance
 from .costmodel import AutoGamma
-from .interfaces import CausalLM, Drafter
+from .interfaces import ArgmaxSteps, CausalLM, Drafter, Finishing, RowContexts
 from .law import TargetLaw
 from .propose import propose
 from .rows import Draft, Row
@@ -71,11 +71,13 @@ class BatchDecoder:
         self.verifier = None if verifier is verify else verifier  # the test seam: an injected verifier
         self.stats = stats if stats is not None else Stats()  # prefill time, batched target calls
         self.rows: list[Row] = []  # in cache-row order
-        self._argmax_forward = getattr(target, "forward_argmax", None)  # one-row llama.cpp: argmax in place
-        self._ragged = getattr(target, "ragged", False)  # batched llama.cpp: rows unpadded
+        # the adapter's optional capabilities (interfaces.py), checked once
+        self._argmax_forward = target.forward_argmax if isinstance(target, ArgmaxSteps) else None  # one-row llama.cpp
+        self._ragged = isinstance(target, RowContexts) and target.ragged  # batched llama.cpp: rows unpadded
         # chunked prefill (a target that can open, extend and copy a row): prompt tokens prefilled per
         # iteration while other rows decode; None: a joining prompt is prefilled whole in `add`
-        self.prefill_chunk = prefill_chunk if prefill_chunk and getattr(target, "chunked_prefill", False) else None
+        chunked = isinstance(target, RowContexts) and target.chunked_prefill
+        self.prefill_chunk = prefill_chunk if prefill_chunk and chunked else None
         self.joining: deque[Joining] = deque()  # requests whose prompts are being prefilled, oldest first
         self._failed: list[Row] = []  # joining rows whose prefill failed: yielded (with their error) next step
 
@@ -328,10 +330,9 @@ def _same_prompt(rows: list[Row]) -> list[list[Row]]:
 
 def _finish(row: Row) -> None:
     """Tell a row's drafter its generation ended (a store-writing drafter keeps the last tokens)."""
-    finish = getattr(row.drafter, "finish", None)
-    if finish is not None:
+    if isinstance(row.drafter, Finishing):
         try:
-            finish(row.context)
+            row.drafter.finish(row.context)
         except Exception:  # a drafter's bookkeeping never fails a finished row
             pass
 
@@ -357,7 +358,7 @@ def _prefill(target, prompts: list[list[int]]) -> None:
         target.select_rows(torch.zeros(len(prompts), dtype=torch.long))
         return
     target.reset(len(prompts))
-    if getattr(target, "ragged", False):
+    if isinstance(target, RowContexts) and target.ragged:
         target.forward_ragged([p[:-1] for p in prompts], logits=False)
         return
     width = max(len(p) for p in prompts) - 1
