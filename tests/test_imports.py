@@ -110,3 +110,30 @@ def test_relative_imports_resolve():
     found = modules()
     bad = [line for name, path in found.items() for line in unresolved(path, name, set(found))]
     assert not bad, "relative imports of no module: " + ", ".join(bad)
+
+
+PROBED = ("target", "drafter", "arm", "lm", "model")  # what an attribute probe must not be aimed at
+
+
+def probes(source: str) -> list[str]:
+    """The getattr / hasattr calls in `source` whose object is an adapter or a drafter, by its name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            subject = ast.unparse(node.args[0]) if node.args else ""
+            if any(word in subject.replace(".", " ").replace("_", " ").split() for word in PROBED):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_no_capability_is_probed_by_an_attributes_name():
+    """The loop, the scheduler, the engine, the prefix cache and the drafters take an adapter's or a
+    drafter's optional parts by their named protocols (speculative/interfaces.py), never by probing
+    an attribute's name. Control: a planted probe is found."""
+    assert probes("finish = getattr(row.drafter, 'finish', None)\nok = hasattr(self.target, 'ragged')") == [
+        "getattr(row.drafter, 'finish', None)", "hasattr(self.target, 'ragged')"]
+    checked = [PACKAGE / "engine.py", PACKAGE / "batching.py", PACKAGE / "drafting.py",
+               PACKAGE / "models" / "prefix_cache.py", *(PACKAGE / "speculative").glob("*.py"),
+               *(PACKAGE / "drafters").glob("*.py")]
+    found = {str(p.relative_to(PACKAGE)): probes(p.read_text()) for p in checked}
+    assert not {k: v for k, v in found.items() if v}

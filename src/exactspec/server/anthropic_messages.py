@@ -18,7 +18,7 @@ import json
 import uuid
 
 from ..generation import GenerationResult
-from .doors import Call, Output, chat_output, event
+from .doors import Call, Output, chat_output, event, string_field
 from .translate import ApiError
 
 ENDPOINT, COUNT = "/v1/messages", "/v1/messages/count_tokens"
@@ -75,16 +75,16 @@ def chat_messages(messages) -> list[dict]:
             at = f"{where}.content.{j}"
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
-                text.append(_string(block, "text", at))
+                text.append(string_field(block, "text", at))
             elif kind == "tool_use" and role == "assistant":
-                call_id, name = _string(block, "id", at), _string(block, "name", at)
+                call_id, name = string_field(block, "id", at), string_field(block, "name", at)
                 if not isinstance(block.get("input"), dict):
                     raise ApiError(400, f"{at}.input: must be an object", f"{at}.input")
                 calls.append({"id": call_id, "type": "function",
                               "function": {"name": name, "arguments": json.dumps(block["input"], ensure_ascii=False,
                                                                             separators=(",", ":"))}})
             elif kind == "tool_result" and role == "user":
-                call_id = _string(block, "tool_use_id", at)
+                call_id = string_field(block, "tool_use_id", at)
                 result = _blocks_text(block.get("content", ""), f"{at}.content")
                 if block.get("is_error"):
                     result = f"Error: {result}"
@@ -113,15 +113,9 @@ def _blocks_text(content, where: str) -> str:
             kind = block.get("type") if isinstance(block, dict) else None
             raise ApiError(400, f"{where}.{j}.type: {kind!r} blocks are not supported: this server reads text only",
                            f"{where}.{j}.type")
-        parts.append(_string(block, "text", f"{where}.{j}"))
+        parts.append(string_field(block, "text", f"{where}.{j}"))
     return "".join(parts)
 
-
-def _string(block: dict, key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise ApiError(400, f"{where}.{key}: must be a string", f"{where}.{key}")
-    return value
 
 
 def chat_tools(tools) -> list[dict]:

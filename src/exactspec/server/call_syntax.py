@@ -78,3 +78,29 @@ class ValueEnd:
             elif not c.isspace():
                 self.begun = True
         return -1
+
+
+class CallReading:
+    """What every family's call reader shares over its `text` (the output so far), `sent` (characters
+    handed out), `begin` (where the calls begin, None until known) and `calls` (those begun)."""
+
+    text: str
+    sent: int
+    begin: int | None
+    calls: list
+
+    @property
+    def started(self) -> bool:
+        return bool(self.calls)
+
+    def content(self) -> str | None:
+        """The text before the calls (None when there is none but whitespace)."""
+        text = self.text if self.begin is None else self.text[:self.begin]
+        return text if text.strip() else None
+
+    def flush(self) -> list[tuple[str, str]]:
+        """At the end of the output: held text that never became a call, as content."""
+        if self.calls or self.sent >= len(self.text):
+            return []
+        held, self.sent = self.text[self.sent:], len(self.text)
+        return [("content", held)]

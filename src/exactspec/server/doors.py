@@ -129,3 +129,11 @@ def stop_sequence(result: GenerationResult, stops: list[str], eos: set[int], dec
     found = [(rest.find(s), s) for s in stops if s in rest]
     return min(found)[1] if found else None
 
+
+
+def string_field(item: dict, key: str, where: str) -> str:
+    """`item[key]`, which must be a string: else a 400 naming `where.key` (both doors' bodies)."""
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise ApiError(400, f"{where}.{key} must be a string", f"{where}.{key}")
+    return value

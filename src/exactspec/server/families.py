@@ -36,7 +36,7 @@ import secrets
 import string
 from dataclasses import dataclass
 
-from .call_syntax import ValueEnd, held_back, lark_literal, rebase, regex_literal
+from .call_syntax import CallReading, ValueEnd, held_back, lark_literal, rebase, regex_literal
 from .xml_calls import XmlFamily
 
 PROBE_NAME, PROBE_ARGUMENTS = "probe_fn", {"probe_key": "probe_value"}
@@ -165,7 +165,7 @@ def special_tokens(family: Family | XmlFamily, tokenizer) -> dict[str, int]:
 _STRING = r'"(?:[^"\\]|\\.)*"'
 
 
-class CallsReader:
+class CallsReader(CallReading):
     """Reads a family's answer as it grows (`feed` the released text) into stream deltas: ("content", text)
     before the marker (text that might be the marker's start is held back), ("call", name) when a call's
     name is complete, ("arguments", fragment) for the next characters of its arguments value (the
@@ -179,15 +179,6 @@ class CallsReader:
         self.sent = 0  # characters handed out (content, or the current call's arguments)
         self._value: ValueEnd | None = None
         self.free = False  # auto answered in text
-
-    @property
-    def started(self) -> bool:
-        return bool(self.calls)
-
-    def content(self) -> str | None:
-        """The text before the calls (None when there is none but whitespace)."""
-        text = self.text if self.begin is None else self.text[:self.begin]
-        return text if text.strip() else None
 
     def arguments(self, i: int) -> str:
         call = self.calls[i]
@@ -236,13 +227,6 @@ class CallsReader:
         at = self.text.find(marker)
         if at >= 0:
             self.begin = at
-
-    def flush(self) -> list[tuple[str, str]]:
-        """At the end of the output: held text that never became a call, as content."""
-        if self.calls or self.sent >= len(self.text):
-            return []
-        held, self.sent = self.text[self.sent:], len(self.text)
-        return [("content", held)]
 
     def complete(self) -> bool:
         """Whole calls: every arguments value is valid JSON and the answer ends with the family's close."""

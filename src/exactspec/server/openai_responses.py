@@ -20,7 +20,7 @@ import uuid
 from collections import OrderedDict
 
 from ..generation import GenerationResult
-from .doors import Call, Output, chat_output, event
+from .doors import Call, Output, chat_output, event, string_field
 from .translate import ApiError
 
 ENDPOINT = "/v1/responses"
@@ -102,7 +102,7 @@ def input_messages(items) -> list[dict]:
         if kind == "message":
             messages.append(_message(item, where))
         elif kind == "function_call":
-            call_id, name, arguments = (_string(item, key, where) for key in ("call_id", "name", "arguments"))
+            call_id, name, arguments = (string_field(item, key, where) for key in ("call_id", "name", "arguments"))
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and (last.get("tool_calls") or not last["content"]):
@@ -110,7 +110,7 @@ def input_messages(items) -> list[dict]:
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            call_id = _string(item, "call_id", where)
+            call_id = string_field(item, "call_id", where)
             output = item.get("output")
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
@@ -147,12 +147,6 @@ def _text(parts, where: str) -> str:
         out.append(value)
     return "".join(out)
 
-
-def _string(item: dict, key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise ApiError(400, f"{where}.{key} must be a string", f"{where}.{key}")
-    return value
 
 
 def chat_tools(tools) -> list[dict]:

@@ -22,7 +22,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from .call_syntax import held_back, lark_literal, regex_literal
+from .call_syntax import CallReading, held_back, lark_literal, regex_literal
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>\n")
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n", re.DOTALL)
@@ -105,7 +105,7 @@ def _text(prop: dict) -> str:
             f"~/(.|\\n)*\\n<\\/parameter>(.|\\n)(.|\\n)+/")
 
 
-class XmlReader:
+class XmlReader(CallReading):
     """Reads an XML-layout answer as it grows (families.CallsReader's interface): ("content", text)
     before the calls, ("call", name) once a function's name is in, ("arguments", json) once it closes."""
 
@@ -115,14 +115,6 @@ class XmlReader:
         self.calls: list[dict] = []  # {"name", "arguments" (JSON text, None while open), "at"}
         self.sent = 0
         self.at = 0  # where reading goes on
-
-    @property
-    def started(self) -> bool:
-        return bool(self.calls)
-
-    def content(self) -> str | None:
-        text = self.text if self.begin is None else self.text[:self.begin]
-        return text if text.strip() else None
 
     def feed(self, piece: str) -> list[tuple[str, str]]:
         self.text += piece
@@ -166,12 +158,6 @@ class XmlReader:
                 except ValueError:
                     values[key] = raw
         return json.dumps(values, ensure_ascii=False)
-
-    def flush(self) -> list[tuple[str, str]]:
-        if self.calls or self.sent >= len(self.text):
-            return []
-        held, self.sent = self.text[self.sent:], len(self.text)
-        return [("content", held)]
 
     def complete(self) -> bool:
         if not self.calls or any(c["arguments"] is None for c in self.calls):
