@@ -1,4 +1,4 @@
-"""The llama.cpp numerics self-test's candidates side by side (models/llama_cpp_numerics.py), interleaved
+"""The llama.cpp numerics self-test's candidates side by side (models/llamacpp/numerics.py), interleaved
 in ONE process: for each cache type / one-token threads / n_ubatch, whether blocks equal one-token steps
 (max |logits| difference after a 300- and a 1,000-token context, blocks of 8 and 70), the median
 one-token step, and a 1,000-token prefill. Medians over rounds; the CPU and OpenMP setting printed.
@@ -17,8 +17,8 @@ import torch
 
 from exactspec.device import cpu_label
 from exactspec.embedded import embedded_model_path
-from exactspec.models.llama_cpp import load_llama_cpp
-from exactspec.models.llama_cpp_numerics import BLOCK, CANDIDATES, LONG, block_vs_steps
+from exactspec.models.llamacpp.adapter import load_llama_cpp
+from exactspec.models.llamacpp.numerics import BLOCK, CANDIDATES, LONG, block_vs_steps
 
 
 def measure(lm, ids: list[int]) -> tuple[float, float, float]:

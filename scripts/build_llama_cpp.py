@@ -4,7 +4,7 @@ machine, and print the wheel's path (make setup installs it).
 The patches are files: scripts/llama_cpp_patches/NN-*.patch, applied in name order with `git apply`, each
 checked first (`git apply --check`: a patch that does not apply cleanly stops the build, naming it). Each
 starts with a header saying what it changes, why the bits stay the same, and where it was measured; their
-history and figures are in docs/llama-cpp.md. The load-time self-test (models/llama_cpp_numerics.py) still
+history and figures are in docs/llama-cpp.md. The load-time self-test (models/llamacpp/numerics.py) still
 decides by measuring which settings are bit-exact on the machine at hand.
 
 The wheel is cached under the exactspec cache (`cachedir.cache_dir`), named by the patch level (the

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from exactspec.batching import Delivery, Job, Scheduler, run_jobs
-from exactspec.models.llama_cpp_numerics import CANDIDATES
+from exactspec.models.llamacpp.numerics import CANDIDATES
 from exactspec.scale.batch import run_lines
 from exactspec.server.schemas import ChatCompletionRequest, CompletionRequest
 from exactspec.stats import Stats
@@ -99,7 +99,7 @@ def test_chunked_prefill_on_every_setting_the_self_test_can_choose(embedded_llam
     import llama_cpp
 
     from exactspec.engine import Engine
-    from exactspec.models.llama_cpp import load_llama_cpp
+    from exactspec.models.llamacpp.adapter import load_llama_cpp
 
     patched = "+exactspec" in llama_cpp.__version__
     if not patched and setting.prefill_tile and not setting.pad:

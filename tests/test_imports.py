@@ -90,6 +90,15 @@ def test_the_server_does_not_import_scale_out():
     assert not upward, "server/ imports scale/: " + ", ".join(upward)
 
 
+def test_the_algorithm_imports_no_backend():
+    """speculative/ (the loop, the verifiers, the contract in interfaces.py) imports nothing from models/:
+    the backends implement its protocols, never the other way round."""
+    edges = graph()
+    upward = sorted(f"{name} -> {dep}" for name, deps in edges.items() if name.startswith("exactspec.speculative")
+                    for dep in deps if dep.startswith("exactspec.models"))
+    assert not upward, "speculative/ imports models/: " + ", ".join(upward)
+
+
 def unresolved(path: Path, name: str, known: set[str]) -> list[str]:
     """The relative imports in `path` that name no module of the package (`from .errors import X` left
     behind in a moved file: a lazy one fails only when its function is called)."""
@@ -133,7 +142,7 @@ def test_no_capability_is_probed_by_an_attributes_name():
     assert probes("finish = getattr(row.drafter, 'finish', None)\nok = hasattr(self.target, 'ragged')") == [
         "getattr(row.drafter, 'finish', None)", "hasattr(self.target, 'ragged')"]
     checked = [PACKAGE / "engine.py", PACKAGE / "batching.py", PACKAGE / "drafting.py",
-               PACKAGE / "models" / "prefix_cache.py", *(PACKAGE / "speculative").glob("*.py"),
+               *(PACKAGE / "speculative").glob("*.py"),
                *(PACKAGE / "drafters").glob("*.py")]
     found = {str(p.relative_to(PACKAGE)): probes(p.read_text()) for p in checked}
     assert not {k: v for k, v in found.items() if v}

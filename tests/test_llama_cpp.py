@@ -20,7 +20,7 @@ from exactspec.drafters.ngram import NGramDrafter  # noqa: E402
 from exactspec.drafters.suffix import PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
-from exactspec.models.llama_cpp import LlamaCppLM, load_llama_cpp  # noqa: E402
+from exactspec.models.llamacpp.adapter import LlamaCppLM, load_llama_cpp  # noqa: E402
 from exactspec.speculative.costmodel import AutoGamma  # noqa: E402
 from exactspec.speculative.loop import decode  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams, warp  # noqa: E402
@@ -404,11 +404,11 @@ def test_greedy_identity_long_proposals(engine):
 
 
 def test_one_token_steps_equal_blocks_past_the_thread_split(engine):
-    """Whatever this CPU is: under the setting the load-time self-test chose (llama_cpp_numerics.py), blocks
+    """Whatever this CPU is: under the setting the load-time self-test chose (llamacpp/numerics.py), blocks
     of 8 and 70 tokens scored at a 300- and a 600-token context equal the same tokens scored one at a
     time, bit for bit, or the engine says greedy identity rests on tolerance. (With llama.cpp's default f16
     cache, two threads split one-token attention past ~256 tokens: 0.6-1.1 off, greedy choices flipped.)"""
-    from exactspec.models.llama_cpp_numerics import BLOCK, LONG, block_vs_steps
+    from exactspec.models.llamacpp.numerics import BLOCK, LONG, block_vs_steps
 
     lm = engine.target
     identity = engine.runtime()["greedy_identity"]
@@ -423,7 +423,7 @@ def test_one_token_steps_equal_blocks_past_the_thread_split(engine):
 def test_block_vs_steps_sees_a_planted_difference(engine, monkeypatch):
     """Negative control of the self-test's comparison: blocks that score 2^-20 off are seen, whichever
     of the block sizes drifts."""
-    from exactspec.models.llama_cpp_numerics import BLOCK, block_vs_steps
+    from exactspec.models.llamacpp.numerics import BLOCK, block_vs_steps
 
     lm, real, blocks = engine.target, engine.target.forward, (3, BLOCK)
     ids = torch.randint(0, lm.vocab_size, (40 + BLOCK,), generator=torch.Generator().manual_seed(4)).tolist()
@@ -437,7 +437,7 @@ def test_block_vs_steps_sees_a_planted_difference(engine, monkeypatch):
 def test_the_self_test_keeps_the_fastest_bit_equal_setting():
     """`pick`, on made-up trials: inexact settings never win; the fastest exact one does, unless an earlier
     one is within 3%; nothing exact -> the first setting, said to rest on tolerance."""
-    from exactspec.models.llama_cpp_numerics import CANDIDATES, Setting, pick
+    from exactspec.models.llamacpp.numerics import CANDIDATES, Setting, pick
 
     q8, bf16, f16_bare, f16, one = CANDIDATES
     f16_one = Setting("f16", "f16", 1, 512, 64)  # tiles with one-thread steps (not a candidate: pick ranks any)
@@ -459,7 +459,7 @@ def test_a_padded_setting_is_tried_only_where_its_unpadded_twin_is_inexact(monke
     """`_measure_verdict` on made-up trials: the padded tiled candidate costs a pad on top of the same
     kernels, so it is measured only where the unpadded one (bit-exact on make setup's llama.cpp build,
     scripts/build_llama_cpp.py) is not."""
-    from exactspec.models import llama_cpp_numerics as numerics
+    from exactspec.models.llamacpp import numerics
 
     tried = []
 
@@ -477,7 +477,7 @@ def test_a_padded_setting_is_tried_only_where_its_unpadded_twin_is_inexact(monke
 def test_prefill_time_is_extrapolated_from_two_halves():
     """`prefill_seconds`: a token at depth d costing a + b*d is recovered from two consecutive pieces, so a
     setting whose attention grows with depth is ranked at the PROMPT it is ranked by, not at MEASURED."""
-    from exactspec.models.llama_cpp_numerics import prefill_seconds
+    from exactspec.models.llamacpp.numerics import prefill_seconds
 
     def cost(start, n, a=2e-3, b=1e-6):  # seconds of tokens start..start+n-1
         return sum(a + b * d for d in range(start, start + n))
@@ -505,14 +505,14 @@ def test_ctx_size_default_and_choice(monkeypatch):
     """--ctx-size: the default is the model's training context where the KV budget holds it, lowered in
     steps of 256 (never below 4096) where it does not; a chosen size is what the engine says it runs."""
     import exactspec
-    from exactspec.models import llama_cpp as adapter
+    from exactspec.models.llamacpp import runtime
 
     path = embedded_model_path()
-    train, per_token = adapter._train_context(path), adapter.kv_bytes_per_token(path)
+    train, per_token = runtime._train_context(path), runtime.kv_bytes_per_token(path)
     assert train >= 4096 and per_token > 0
-    monkeypatch.setattr(adapter, "_kv_budget", lambda: 10 * train * per_token)
-    assert adapter.default_context(path, rows=1) == train and adapter.default_context(path, rows=10) == train
-    lowered = adapter.default_context(path, rows=16)  # 10/16 of the training context fits
+    monkeypatch.setattr(runtime, "_kv_budget", lambda: 10 * train * per_token)
+    assert runtime.default_context(path, rows=1) == train and runtime.default_context(path, rows=10) == train
+    lowered = runtime.default_context(path, rows=16)  # 10/16 of the training context fits
     assert lowered == max(4096, 10 * train // 16 // 256 * 256) and lowered % 256 == 0 and lowered < train
     monkeypatch.undo()
     engine = exactspec.load(threads=2, ctx_size=1024, gamma=0, draft="none")

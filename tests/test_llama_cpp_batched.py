@@ -17,7 +17,7 @@ from exactspec.drafters.suffix import PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.engine import llamacpp_engine  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
-from exactspec.models.llama_cpp import LlamaCppLM, load_llama_cpp  # noqa: E402
+from exactspec.models.llamacpp.adapter import LlamaCppLM, load_llama_cpp  # noqa: E402
 from exactspec.speculative.loop import decode_batch  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.speculative.verify import verify  # noqa: E402
@@ -179,7 +179,7 @@ def test_capacity_and_bad_rows_are_clear_errors(lm):
 def test_rows_that_depend_on_their_neighbours_decode_one_at_a_time(monkeypatch):
     """Where the batched-rows self-test finds a row's logits moved by its neighbours, the context keeps
     its rows apart (not batched) and its identity says why."""
-    from exactspec.models import llama_cpp_numerics
+    from exactspec.models.llamacpp import numerics as llama_cpp_numerics
 
     real = llama_cpp_numerics.cached_check
     monkeypatch.setattr(llama_cpp_numerics, "cached_check",

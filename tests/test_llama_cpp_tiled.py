@@ -1,4 +1,4 @@
-"""TILED PREFILL on the llama.cpp backend (models/llama_cpp.py): how a prompt, a decode block and a row's
+"""TILED PREFILL on the llama.cpp backend (models/llamacpp/adapter.py): how a prompt, a decode block and a row's
 leftover tokens are cut into passes, which cached prefixes a prompt may reuse, and -- where the load-time
 self-test kept the arrangement -- that a prefix cache hit at any point, or a prefill in chunks, decodes
 what a cold prefill does, token for token."""
@@ -13,9 +13,9 @@ from .conftest import need
 
 need("llama_cpp")
 
-from exactspec.models import prefill_plan  # noqa: E402
-from exactspec.models.llama_cpp import LlamaCppLM, _passes  # noqa: E402
-from exactspec.models.llama_cpp_numerics import CANDIDATES  # noqa: E402
+from exactspec.models.llamacpp import prefill_plan  # noqa: E402
+from exactspec.models.llamacpp.adapter import LlamaCppLM, _passes  # noqa: E402
+from exactspec.models.llamacpp.numerics import CANDIDATES  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 
 from .conftest import prefix_cached  # noqa: E402
@@ -74,8 +74,8 @@ def tiled(request, embedded_llamacpp):
     import llama_cpp
 
     from exactspec.engine import Engine
-    from exactspec.models.llama_cpp import load_llama_cpp
-    from exactspec.models.llama_cpp_numerics import steps_write_prefill_kv, trial
+    from exactspec.models.llamacpp.adapter import load_llama_cpp
+    from exactspec.models.llamacpp.numerics import steps_write_prefill_kv, trial
 
     def make(setting):
         lm = load_llama_cpp(embedded_llamacpp.target.path, n_ctx=1024, threads=2, **setting.llama_kwargs())

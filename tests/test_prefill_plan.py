@@ -1,4 +1,4 @@
-"""TILED PREFILL's plan (models/prefill_plan.py), without a model: which positions of a prompt are
+"""TILED PREFILL's plan (models/llamacpp/prefill_plan.py), without a model: which positions of a prompt are
 computed by which attention kernel, how a prefill is cut into passes and chunks, and how much of a cached
 prefix a new prompt may keep."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from exactspec.models.prefill_plan import ROW, TILED, chunk, kinds, pieces, reusable, turns
+from exactspec.models.llamacpp.prefill_plan import ROW, TILED, chunk, kinds, pieces, reusable, turns
 
 TILE = 64
 MARK = [1, 5, 6]  # "<|im_start|>assistant\n"

@@ -10,7 +10,7 @@ from exactspec.speculative.loop import decode
 from exactspec.speculative.loop import decode_batch
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.models.fast_llama import FastLlamaLM
-from exactspec.models.prefix_cache import PrefixCache, common_prefix
+from exactspec.speculative.prefix_cache import PrefixCache, common_prefix
 from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 

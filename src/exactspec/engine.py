@@ -24,14 +24,14 @@ from .errors import ExactSpecError
 from .generation import (GenerationResult, LawSpec, Request, law_spec, release, row_seeds, seeded, split_sampling,
                          text_pieces)
 from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
-from .models.prefix_cache import PrefixCache
+from .models.light_tokenizer import llg_tokenizer
 from .models.seq2seq import Seq2SeqLM
 from .speculative.costmodel import MAX_AUTO_GAMMA, AutoGamma, CostModel
 from .speculative.interfaces import CausalLM, Drafter, PrefixSnapshots, RowContexts
-from .speculative.grammar import llg_tokenizer
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row
 from .speculative.params import DRAFT_NAMES, PREFILL_CHUNK, check_gamma
+from .speculative.prefix_cache import PrefixCache
 from .speculative.rows import Row
 from .speculative.sampling import SamplingParams
 from .stats import Stats
@@ -69,7 +69,7 @@ class Engine:
 
     def set_prefix_cache(self, budget_mb: float | None) -> None:
         """Keep the KV of recent sequences across requests, reusing the longest cached prompt prefix
-        (see models/prefix_cache.py), in at most `budget_mb` MiB; None or 0 turns it off. Targets
+        (see speculative/prefix_cache.py), in at most `budget_mb` MiB; None or 0 turns it off. Targets
         that cannot snapshot their KV (the transformers adapter) ignore it."""
         if budget_mb is not None and budget_mb < 0:
             raise ExactSpecError(f"the prefix cache budget must be >= 0 MiB, got {budget_mb}")

@@ -216,9 +216,9 @@ def declared_vocab(path: str) -> int | None:
     without loading it; None when it declares none."""
     try:
         if str(path).endswith(".gguf"):
-            from .models.llama_cpp import _header
+            from .models.gguf import header_ints
 
-            return _header(path, ("vocab_size",)).get("vocab_size")
+            return header_ints(path, ("vocab_size",)).get("vocab_size")
         with open(os.path.join(path, "config.json")) as f:
             size = json.load(f).get("vocab_size")
         return size if isinstance(size, int) else None
@@ -248,9 +248,9 @@ def load_llamacpp(path: str | None = None, draft: str = "prompt-lookup", n_ctx: 
     are checked against llama.cpp's own tokenizer in the tests). `draft` is a drafter name or a path to
     a draft GGUF (also run by llama.cpp). `llama_kwargs` go to `LlamaCppLM` (rows, n_ubatch, flash_attn, ...). The
     target's cache type, one-token threads and n_ubatch come from the load-time self-test
-    (models/llama_cpp_numerics.py); a draft model runs with the same context settings."""
-    from .models.llama_cpp import load_llama_cpp  # lazy: a torch target never imports llama.cpp
-    from .models.llama_cpp_numerics import load_self_tested
+    (models/llamacpp/numerics.py); a draft model runs with the same context settings."""
+    from .models.llamacpp.adapter import load_llama_cpp  # lazy: a torch target never imports llama.cpp
+    from .models.llamacpp.numerics import load_self_tested
 
     path = path or embedded_model_path()
     if draft not in DRAFT_NAMES and not draft.endswith(".gguf"):

@@ -171,14 +171,15 @@ def llamacpp_cache_agent_method(engine: Engine, path: str, cache_mb: float, thre
     """llama-cpp-python's own completion API with its prompt cache (`Llama.set_cache(LlamaRAMCache)`), on
     the same GGUF with the context settings of exactspec's llama.cpp adapter; it keeps its live KV
     between calls too (the longest prefix of its last sequence is reused)."""
-    from ..models.llama_cpp import LlamaCppLM, _import, make_llama, resolve_repack
+    from ..models.llamacpp.adapter import LlamaCppLM
+    from ..models.llamacpp.runtime import import_llama_cpp, make_llama, resolve_repack
     from .llamacpp import sampler_kwargs
 
-    llama_cpp = _import()
+    llama_cpp = import_llama_cpp()
     if isinstance(engine.target, LlamaCppLM):
         settings, repack = engine.target.context_kwargs(), engine.target.repack
     else:
-        from ..models.llama_cpp import DEFAULT_N_UBATCH, default_threads
+        from ..models.llamacpp.runtime import DEFAULT_N_UBATCH, default_threads
 
         n = threads or default_threads()
         settings = dict(n_ctx=min(4096, engine.target.max_length), n_batch=512, n_ubatch=DEFAULT_N_UBATCH,

@@ -215,7 +215,7 @@ def _bench_peer(args: argparse.Namespace) -> int:
 
     from ..device import cpu_label
     from ..embedded import embedded_model_path
-    from ..models.llama_cpp import default_threads, resolve_repack
+    from ..models.llamacpp.runtime import default_threads, resolve_repack
     from .peer import WORKLOADS, environment, peer_table, run_peer_bench, servers
 
     if not (os.path.isfile(args.peer) and os.access(args.peer, os.X_OK)):

@@ -6,7 +6,7 @@
 - `llamacpp-defaults`: the same, on a context with llama.cpp's own defaults as `llama-server` sets them
   (f16 KV cache, flash attention, n_batch 2048, n_ubatch 512, the same threads for every step): the plain
   speed a user gets without exactspec. Its greedy text can differ from ours when the load-time self-test
-  chose another cache type (models/llama_cpp_numerics.py).
+  chose another cache type (models/llamacpp/numerics.py).
 - `llamacpp-prompt-lookup`: `Llama.generate` with `LlamaPromptLookupDecoding(num_pred_tokens=10)` as
   draft model, on a second `Llama` over the same file (it needs `logits_all`).
 
@@ -18,11 +18,11 @@ sample the same law.
 
 The first two anchors use the target's context settings (threads, n_ctx, the self-tested cache type and
 n_ubatch, flash attention): with them, they and every exactspec row decode the same greedy tokens (tested),
-except where our TILED PREFILL (models/llama_cpp.py) computes a prompt's last len % 64 tokens with the
+except where our TILED PREFILL (models/llamacpp/adapter.py) computes a prompt's last len % 64 tokens with the
 per-row kernel and `Llama.generate` with the tiled one (prompts of 64+ tokens on an f16 cache: its text
 may then differ from ours, which equals our own plain decoding). With llama-cpp-python's
 defaults (no flash attention) even its own prompt lookup drifts from its own plain decoding on 8 of the
-10 bench prompts (see models/llama_cpp.py, BATCH INVARIANCE).
+10 bench prompts (see models/llamacpp/adapter.py, BATCH INVARIANCE).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import time
 
 from ..engine import Engine
 from ..errors import ExactSpecError
-from ..models.llama_cpp import LlamaCppLM, _import, make_llama
+from ..models.llamacpp.adapter import LlamaCppLM
+from ..models.llamacpp.runtime import import_llama_cpp, make_llama
 from ..speculative.sampling import SamplingParams
 from .methods import Method, exactspec_method, stops_at_eos
 
@@ -103,7 +104,7 @@ def llamacpp_defaults_method(engine: Engine) -> Method:
 def prompt_lookup_llama(target: LlamaCppLM, num_pred_tokens: int = PROMPT_LOOKUP_TOKENS):
     """A second `Llama` over the target's GGUF (same n_ctx, batch and threads) with llama-cpp-python's
     prompt-lookup draft model (which forces `logits_all`)."""
-    _import()
+    import_llama_cpp()
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     return make_llama(target.path, target.repack, **target.context_kwargs(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ExactSpecError
-from .prefix_cache import prefill_prompt
+from ..speculative.prefix_cache import prefill_prompt
 
 
 class OneRow:

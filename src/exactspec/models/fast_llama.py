@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import ExactSpecError
-from .prefix_cache import prefill_prompt
+from ..speculative.prefix_cache import prefill_prompt
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 INVARIANT_ROWS = 8  # rows per matmul in batch-invariant mode: one step of γ <= 7 verification is one chunk

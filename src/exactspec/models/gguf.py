@@ -222,6 +222,60 @@ class GGUFFile:
         self._map.close()
 
 
+def header_ints(path: str, names: tuple[str, ...]) -> dict[str, int]:
+    """Integer values `{arch}.{name}` from the GGUF header (absent or unreadable: left out). Reads key by
+    key and stops once all are found, usually before the tokenizer arrays (gguf.GGUFReader parses them
+    all: seconds per file)."""
+    import struct
+
+    def read(f, fmt):
+        size = struct.calcsize(fmt)
+        return struct.unpack(fmt, f.read(size))[0]
+
+    def string(f):
+        n = read(f, "<Q")
+        if n > 1 << 20:  # no key or architecture name is that long: a corrupt header
+            raise ValueError(f"GGUF string of {n} bytes")
+        return f.read(n).decode("utf-8", "replace")
+
+    def skip(f, vtype):
+        if vtype in _SCALAR:
+            f.seek(struct.calcsize(_SCALAR[vtype]), 1)
+        elif vtype == 8:
+            f.seek(read(f, "<Q"), 1)
+        elif vtype == 9:
+            item, count = read(f, "<I"), read(f, "<Q")
+            if item in _SCALAR:
+                f.seek(count * struct.calcsize(_SCALAR[item]), 1)
+            else:
+                for _ in range(count):
+                    skip(f, item)
+        else:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+
+    found: dict[str, int] = {}
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF" or read(f, "<I") < 2:
+                return found
+            read(f, "<Q")  # tensor count
+            arch = None
+            for _ in range(read(f, "<Q")):
+                key, vtype = string(f), read(f, "<I")
+                name = key[len(arch) + 1:] if arch is not None and key.startswith(arch + ".") else None
+                if key == "general.architecture" and vtype == 8:
+                    arch = string(f)
+                elif name in names and vtype in _SCALAR:
+                    found[name] = int(read(f, _SCALAR[vtype]))
+                    if len(found) == len(names):
+                        break
+                else:
+                    skip(f, vtype)
+    except (OSError, ValueError, OverflowError, MemoryError, struct.error, UnicodeDecodeError):
+        pass  # llama.cpp's own load then says what is wrong with the file
+    return found
+
+
 def _hf_name(gguf_name: str) -> str | None:
     match = _LAYER.match(gguf_name)
     key = _LAYER.sub("blk.N.", gguf_name) if match else gguf_name

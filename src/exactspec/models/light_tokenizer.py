@@ -10,6 +10,8 @@ encodes, decodes and renders the chat template exactly as transformers' tokenize
 
 from __future__ import annotations
 
+import copy
+
 import json
 from datetime import datetime
 from pathlib import Path
@@ -189,3 +191,19 @@ def matches_transformers(directory: str | Path) -> bool:
                 if light.apply_chat_template(chat, tokenize=False, add_generation_prompt=prompt) != want:
                     return False
     return True
+
+
+def llg_tokenizer(tokenizer, vocab_size: int, eos_token_ids: set[int]):
+    """An llguidance tokenizer over a Hugging Face fast tokenizer, or over the `tokenizer.json` a
+    LightTokenizer holds (what llguidance's own helper serializes) (~0.5 s: build once per engine)."""
+    import llguidance
+
+    eos = sorted(eos_token_ids) or None
+    if not isinstance(tokenizer, LightTokenizer):
+        import llguidance.hf
+
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+    backend = copy.copy(tokenizer.backend_tokenizer)
+    backend.no_padding()
+    backend.no_truncation()
+    return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)

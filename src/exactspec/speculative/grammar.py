@@ -137,24 +137,6 @@ def _one_line(message: str) -> str:
     return "; ".join([lines[0], *(line for line in lines[1:] if line.startswith("error:"))])
 
 
-def llg_tokenizer(tokenizer, vocab_size: int, eos_token_ids: set[int]):
-    """An llguidance tokenizer over a Hugging Face fast tokenizer, or over the `tokenizer.json` a
-    LightTokenizer holds (what llguidance's own helper serializes) (~0.5 s: build once per engine)."""
-    import llguidance
-
-    from ..models.light_tokenizer import LightTokenizer
-
-    eos = sorted(eos_token_ids) or None
-    if not isinstance(tokenizer, LightTokenizer):
-        import llguidance.hf
-
-        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
-    backend = copy.copy(tokenizer.backend_tokenizer)
-    backend.no_padding()
-    backend.no_truncation()
-    return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
-
-
 class Matcher:
     """An llguidance matcher kept at the accepted prefix; reads masks along a draft window and rolls back."""
 

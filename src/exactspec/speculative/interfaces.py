@@ -186,7 +186,7 @@ class SavedCache(Protocol):
 
 @runtime_checkable
 class PrefixSnapshots(Protocol):
-    """Copies of a row's KV for the prefix cache (models/prefix_cache.py), consulted on prefill.
+    """Copies of a row's KV for the prefix cache (speculative/prefix_cache.py), consulted on prefill.
     `cache_generated_kv`: whether a generation's own KV may be kept (one-token steps write what a prefill
     writes), not only its prompt's."""
 

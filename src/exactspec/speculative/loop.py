@@ -40,7 +40,7 @@ import torch
 
 from ..device import device_of
 from ..errors import ExactSpecError
-from ..models.prefix_cache import cache_of, remember
+from .prefix_cache import cache_of, remember
 from ..stats import Stats, total
 from .accept import Scored, acceptance
 from .costmodel import AutoGamma

@@ -21,7 +21,7 @@ to move logits by 1-3 and flip greedy choices:
   on several threads past ~256 tokens a split-KV kernel, each summing in another order than the per-row
   kernel; with a bf16 or q8_0 K cache neither runs.
 So the cache type, the one-token threads and n_ubatch are chosen at load by a self-test
-(llama_cpp_numerics.py: blocks vs one-token steps, the fastest bit-equal setting kept). n_ubatch defaults
+(llamacpp/numerics.py: blocks vs one-token steps, the fastest bit-equal setting kept). n_ubatch defaults
 to 32 here, the invariant choice for an f16 cache; the self-test raises it to 512 with a bf16/q8_0 cache.
 
 TILED PREFILL (`prefill_tile`, 64 when the self-test keeps llama.cpp's own f16 cache and kernels): a
@@ -55,7 +55,7 @@ stream, filled from its first cell (in a unified cache, rows' cells interleave a
 reused out of order, which changes the order attention sums a row's keys in). Rows that change sequence
 (`select_rows`: a row leaving, n samples sharing a prefill) are copied with the per-sequence state API,
 their used cells only. Whether a row's logits then equal its logits alone, bit for bit, is up to the
-kernels: the load-time self-test checks it (llama_cpp_numerics.rows_vs_alone) and keeps the rows apart
+kernels: the load-time self-test checks it (numerics.rows_vs_alone) and keeps the rows apart
 where it fails. The rows' KV is allocated when the context is created: `affordable_rows` caps them to a
 quarter of the memory available.
 
@@ -66,127 +66,16 @@ setting is bit-equal). The cost model measures T(1) and T(k) as they then run.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import os
-import subprocess
-import sys
-import threading
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from ..errors import ExactSpecError
+from ...errors import ExactSpecError
 from . import prefill_plan
-
-INSTALL_HINT = "llama-cpp-python is not installed (make setup builds it; or pip install 'exactspec[llamacpp]')"
-DEFAULT_N_CTX = 4096
-DEFAULT_N_UBATCH = 32  # see BATCH INVARIANCE
-
-
-def _import():
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ExactSpecError(INSTALL_HINT) from None
-    except (OSError, RuntimeError) as e:  # installed, but its shared library does not load on this machine
-        raise ExactSpecError(f"llama-cpp-python's library does not load: {e}") from None
-    return llama_cpp
-
-
-def default_threads() -> int:
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # not on Linux
-        return max(os.cpu_count() or 1, 1)
-
-
-_PATCH_LOCK = threading.Lock()
-_PROBED: dict[str, bool] = {}
-
-
-@contextlib.contextmanager
-def _default_params(use_extra_bufts: bool, n_seq_max: int, unified: bool = False):
-    """`llama_cpp.Llama` takes no argument for llama_model_params.use_extra_bufts, nor for the context's
-    n_seq_max and kv_unified: patch the defaults it starts from while it is being constructed."""
-    import llama_cpp.llama_cpp as lib
-
-    with _PATCH_LOCK:
-        model_defaults, context_defaults = lib.llama_model_default_params, lib.llama_context_default_params
-
-        def model():
-            params = model_defaults()
-            params.use_extra_bufts = use_extra_bufts
-            return params
-
-        def context():
-            params = context_defaults()
-            params.n_seq_max = n_seq_max
-            params.kv_unified = unified  # False: one KV stream per sequence (see BATCHED ROWS)
-            return params
-
-        lib.llama_model_default_params, lib.llama_context_default_params = model, context
-        try:
-            yield
-        finally:
-            lib.llama_model_default_params, lib.llama_context_default_params = model_defaults, context_defaults
-
-
-def make_llama(path: str, repack: bool, rows: int = 1, unified: bool = False, **kwargs):
-    """`llama_cpp.Llama(path, verbose=False, **kwargs)` with weight repacking on or off and room for
-    `rows` sequences (kwargs' n_ctx is then the sum of theirs, unless they share one `unified` cache)."""
-    llama_cpp = _import()
-    with _default_params(repack, rows, unified):
-        return llama_cpp.Llama(model_path=path, verbose=False, **kwargs)
-
-
-def _cpu_has_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_tile" in line for line in f)
-    except OSError:
-        return False
-
-
-_PROBE = """
-import sys, llama_cpp
-ll = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_ubatch=64, n_threads=2, n_threads_batch=2,
-                     verbose=False)
-ll.eval([i % ll.n_vocab() for i in range(1, 17)])
-ll.eval([1])
-"""
-
-
-def resolve_repack(path: str, repack: bool | None = None) -> bool:
-    """Whether to let llama.cpp repack weights (its default): explicit choice, else the environment
-    variable EXACTSPEC_LLAMACPP_REPACK, else yes unless the CPU advertises AMX and a probe subprocess
-    decoding with this model dies from a signal (cached per process and file; costs one model load)."""
-    if repack is not None:
-        return repack
-    env = os.environ.get("EXACTSPEC_LLAMACPP_REPACK")
-    if env is not None and env.strip() != "":
-        return env.strip().lower() not in ("0", "false", "no", "off")
-    if not _cpu_has_amx():
-        return True
-    if path not in _PROBED:
-        try:
-            done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=600)
-            _PROBED[path] = done.returncode >= 0  # killed by a signal = crashed; other errors surface on load
-        except (OSError, subprocess.TimeoutExpired):
-            _PROBED[path] = False
-    return _PROBED[path]
-
-
-def check_gguf_file(path: str) -> None:
-    if not os.path.exists(path):
-        raise ExactSpecError(f"model path not found: {path}")
-    if not os.path.isfile(path):
-        raise ExactSpecError(f"the llama.cpp backend needs a .gguf file, not a directory: {path}")
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
-
+from .runtime import (DEFAULT_N_UBATCH, affordable_rows, check_gguf_file, default_context, default_threads,
+                      import_llama_cpp, kv_bytes_per_token, make_llama, resolve_repack)
 
 class Cells(NamedTuple):
     """A copy of one row's KV cells (llama.cpp's per-sequence state), with the tokens they hold and the
@@ -206,16 +95,16 @@ class LlamaCppLM:
                  eos_token_ids: set[int] | None = None, n_batch: int = 512, n_ubatch: int = DEFAULT_N_UBATCH,
                  repack: bool | None = None, rows: int = 1, prefill_tile: int = 0, pad_steps: bool = True,
                  **llama_kwargs):
-        llama_cpp = _import()
+        llama_cpp = import_llama_cpp()
         check_gguf_file(path)
         if rows < 1:
             raise ExactSpecError(f"a llama.cpp context holds at least one row, got {rows}")
         self._lib = llama_cpp
         self.path = path
         self.threads = threads or default_threads()
-        self.single_threads = self.threads  # one-token steps (llama_cpp_numerics.py may lower it at load)
-        self.identity = "not self-tested at load"  # what greedy identity rests on (llama_cpp_numerics.py)
-        self.cost_key: str | None = None  # keys auto γ's cached T(k) (llama_cpp_numerics.load_self_tested)
+        self.single_threads = self.threads  # one-token steps (llamacpp/numerics.py may lower it at load)
+        self.identity = "not self-tested at load"  # what greedy identity rests on (llamacpp/numerics.py)
+        self.cost_key: str | None = None  # keys auto γ's cached T(k) (numerics.load_self_tested)
         want = n_ctx or default_context(path, rows)
         if want < 2:
             raise ExactSpecError(f"the context must hold at least 2 tokens, got {want}")
@@ -253,7 +142,7 @@ class LlamaCppLM:
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
         # Only prompt KV goes to the prefix cache unless the load-time self-test shows one-token steps write
-        # the cells a prefill writes (llama_cpp_numerics.steps_write_prefill_kv): with an f16 cache they
+        # the cells a prefill writes (numerics.steps_write_prefill_kv): with an f16 cache they
         # differ in their last bits at long contexts (seen at ~500 tokens, where it flipped a greedy choice
         # of the next agent step); with a q8_0-K cache they were equal here, byte for byte.
         self.cache_generated_kv = False
@@ -296,7 +185,7 @@ class LlamaCppLM:
         return want - want % self.n_ubatch if want >= self.n_ubatch else max(1, want)
 
     def set_single_threads(self, n: int) -> None:
-        """Threads of one-token steps (blocks keep `threads`): see llama_cpp_numerics.py."""
+        """Threads of one-token steps (blocks keep `threads`): see numerics.py.py."""
         self.single_threads = n
         self._lib.llama_set_n_threads(self.ctx, n, self.threads)
 
@@ -670,109 +559,6 @@ class _Row:
 
     def reusable(self, common: int, state: Cells, ids: list[int]) -> int:
         return self.lm.reusable(common, state, ids)
-
-
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def _header(path: str, names: tuple[str, ...]) -> dict[str, int]:
-    """Integer values `{arch}.{name}` from the GGUF header (absent or unreadable: left out). Reads key by
-    key and stops once all are found, usually before the tokenizer arrays (gguf.GGUFReader parses them
-    all: seconds per file)."""
-    import struct
-
-    def read(f, fmt):
-        size = struct.calcsize(fmt)
-        return struct.unpack(fmt, f.read(size))[0]
-
-    def string(f):
-        n = read(f, "<Q")
-        if n > 1 << 20:  # no key or architecture name is that long: a corrupt header
-            raise ValueError(f"GGUF string of {n} bytes")
-        return f.read(n).decode("utf-8", "replace")
-
-    def skip(f, vtype):
-        if vtype in _SCALAR:
-            f.seek(struct.calcsize(_SCALAR[vtype]), 1)
-        elif vtype == 8:
-            f.seek(read(f, "<Q"), 1)
-        elif vtype == 9:
-            item, count = read(f, "<I"), read(f, "<Q")
-            if item in _SCALAR:
-                f.seek(count * struct.calcsize(_SCALAR[item]), 1)
-            else:
-                for _ in range(count):
-                    skip(f, item)
-        else:
-            raise ValueError(f"unknown GGUF value type {vtype}")
-
-    found: dict[str, int] = {}
-    try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF" or read(f, "<I") < 2:
-                return found
-            read(f, "<Q")  # tensor count
-            arch = None
-            for _ in range(read(f, "<Q")):
-                key, vtype = string(f), read(f, "<I")
-                name = key[len(arch) + 1:] if arch is not None and key.startswith(arch + ".") else None
-                if key == "general.architecture" and vtype == 8:
-                    arch = string(f)
-                elif name in names and vtype in _SCALAR:
-                    found[name] = int(read(f, _SCALAR[vtype]))
-                    if len(found) == len(names):
-                        break
-                else:
-                    skip(f, vtype)
-    except (OSError, ValueError, OverflowError, MemoryError, struct.error, UnicodeDecodeError):
-        pass  # llama.cpp's own load then says what is wrong with the file
-    return found
-
-
-def _train_context(path: str) -> int:
-    """`{arch}.context_length` from the GGUF header (0 if absent or unreadable)."""
-    return _header(path, ("context_length",)).get("context_length", 0)
-
-
-def kv_bytes_per_token(path: str) -> int:
-    """An upper bound of one cached token's K and V over all layers (f16), from the GGUF header; 0 if
-    the header does not say."""
-    h = _header(path, ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
-                       "attention.key_length", "attention.value_length"))
-    if not {"block_count", "embedding_length", "attention.head_count"} <= h.keys() or not h["attention.head_count"]:
-        return 0
-    head = h["embedding_length"] // h["attention.head_count"]
-    kv_heads = h.get("attention.head_count_kv", h["attention.head_count"])
-    return 2 * h["block_count"] * kv_heads * (h.get("attention.key_length", head) + h.get("attention.value_length", head))
-
-
-def _kv_budget() -> int | None:
-    """A quarter of the memory available now, in bytes (None where /proc/meminfo does not say): what the
-    KV cache of every row may take (it is allocated when the context is created)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")) // 4
-    except (OSError, StopIteration, ValueError):
-        return None
-
-
-def default_context(path: str, rows: int = 1) -> int:
-    """Tokens per row when none are asked for: the model's training context (DEFAULT_N_CTX where the
-    header has none), lowered to what the KV budget holds for `rows` rows, in steps of 256, but never
-    below DEFAULT_N_CTX (`affordable_rows` then drops rows instead)."""
-    train = _train_context(path) or DEFAULT_N_CTX
-    per_token, budget = kv_bytes_per_token(path), _kv_budget()
-    if not per_token or budget is None or rows * train * per_token <= budget:
-        return train
-    return min(train, max(DEFAULT_N_CTX, budget // (rows * per_token) // 256 * 256))
-
-
-def affordable_rows(path: str, rows: int, n_ctx: int) -> int:
-    """At most `rows`, as many as fit the KV budget (`_kv_budget`) with `n_ctx` positions each."""
-    per_row, budget = kv_bytes_per_token(path) * n_ctx, _kv_budget()
-    if budget is None or not per_row:
-        return rows
-    return max(1, min(rows, budget // per_row))
 
 
 def load_llama_cpp(path: str, n_ctx: int | None = None, threads: int | None = None,

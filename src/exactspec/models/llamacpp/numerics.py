@@ -12,7 +12,7 @@ Why (ggml's CPU flash attention, ggml-cpu/ops.cpp, as vendored by llama-cpp-pyth
   q8_0 every pass runs the per-row kernel: steps on every thread and blocks of any size agree (measured
   here to 1200 tokens, blocks of 8 and 70, n_ubatch 512).
 The candidates, in order: a q8_0-K cache and a bf16 cache on all threads, n_ubatch 512 (per-row kernel
-everywhere); llama.cpp's own f16 cache and kernels with TILED PREFILL (llama_cpp.py, prefill_plan.py: runs
+everywhere); llama.cpp's own f16 cache and kernels with TILED PREFILL (adapter.py, prefill_plan.py: runs
 of 64+ prompt tokens by the tiled kernel, assistant turns and decode passes under 64 rows, n_ubatch 512), one-token
 steps as they are (bit-exact where llama.cpp was built without the split path: `make setup` builds it
 so, scripts/build_llama_cpp.py), else kept off the split path by a pad; the f16 cache with one-token
@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .. import progress
-from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
+from ... import progress
+from ...cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
 
 VERSION = 12  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
@@ -59,7 +59,7 @@ SPLIT = 3 * TILE + 10  # tokens of the prefix-plus-rest check: 101, then 101 mor
 @dataclass(frozen=True)
 class Setting:
     """One way to run the context: K and V cache types, one-token-step threads (0 = all), n_ubatch, the
-    prefill tile (0: none; see TILED PREFILL in llama_cpp.py), and whether a tiled setting's lone tokens
+    prefill tile (0: none; see TILED PREFILL in adapter.py), and whether a tiled setting's lone tokens
     get a pad (not needed where llama.cpp was built without the split-KV kernel: scripts/build_llama_cpp.py)."""
 
     type_k: str
@@ -325,9 +325,10 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     where one-token steps write the cells a prefill writes (`steps_write_prefill_kv`). `rows` > 1: a context for that many
     batched rows, kept batched only if a row scored beside others equals it scored alone, bit for bit
     (`rows_vs_alone`); otherwise its rows decode one at a time, and `identity` says so."""
-    from .llama_cpp import _import, check_gguf_file, default_threads, load_llama_cpp, resolve_repack
+    from .adapter import load_llama_cpp
+    from .runtime import check_gguf_file, default_threads, import_llama_cpp, resolve_repack
 
-    _import()  # one line if llama-cpp-python is missing or its library does not load
+    import_llama_cpp()  # one line if llama-cpp-python is missing or its library does not load
     check_gguf_file(path)
     repack = resolve_repack(path, repack)
     given = {k: llama_kwargs[k] for k in GIVEN if k in llama_kwargs}
@@ -351,6 +352,6 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
             lm.batched = lm.ragged = False
             lm.identity += f"; rows decode one at a time (a row scored beside others differs by {diff:.3g} here)"
     # T(k) depends on the build and the setting (a pad is a second token per step), not only the context's
-    lm.cost_key = (f"llama.cpp|{_import().__version__}|{file}|{repack}|{json.dumps(verdict.setting.llama_kwargs(), sort_keys=True)}"
+    lm.cost_key = (f"llama.cpp|{import_llama_cpp().__version__}|{file}|{repack}|{json.dumps(verdict.setting.llama_kwargs(), sort_keys=True)}"
                    f"|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}")
     return lm

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..speculative.interfaces import PrefixSnapshots, ReusablePrefix
+from .interfaces import PrefixSnapshots, ReusablePrefix
 
 
 @dataclass(eq=False)

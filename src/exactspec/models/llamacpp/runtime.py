@@ -1,0 +1,169 @@
+"""The llama.cpp runtime: importing llama-cpp-python, its threads and default parameters, the AMX
+repack probe, and how large a context (tokens per row, rows) the machine affords. The adapter
+(adapter.py) and the self-test (numerics.py) build on it; nothing here decodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+
+from ...errors import ExactSpecError
+from ..gguf import header_ints
+
+INSTALL_HINT = "llama-cpp-python is not installed (make setup builds it; or pip install 'exactspec[llamacpp]')"
+DEFAULT_N_CTX = 4096
+DEFAULT_N_UBATCH = 32  # see BATCH INVARIANCE
+
+
+def import_llama_cpp():
+    """llama_cpp, or one line: it is not installed, or its library does not load here."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ExactSpecError(INSTALL_HINT) from None
+    except (OSError, RuntimeError) as e:  # installed, but its shared library does not load on this machine
+        raise ExactSpecError(f"llama-cpp-python's library does not load: {e}") from None
+    return llama_cpp
+
+
+def default_threads() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+_PATCH_LOCK = threading.Lock()
+_PROBED: dict[str, bool] = {}
+
+
+@contextlib.contextmanager
+def _default_params(use_extra_bufts: bool, n_seq_max: int, unified: bool = False):
+    """`llama_cpp.Llama` takes no argument for llama_model_params.use_extra_bufts, nor for the context's
+    n_seq_max and kv_unified: patch the defaults it starts from while it is being constructed."""
+    import llama_cpp.llama_cpp as lib
+
+    with _PATCH_LOCK:
+        model_defaults, context_defaults = lib.llama_model_default_params, lib.llama_context_default_params
+
+        def model():
+            params = model_defaults()
+            params.use_extra_bufts = use_extra_bufts
+            return params
+
+        def context():
+            params = context_defaults()
+            params.n_seq_max = n_seq_max
+            params.kv_unified = unified  # False: one KV stream per sequence (see BATCHED ROWS)
+            return params
+
+        lib.llama_model_default_params, lib.llama_context_default_params = model, context
+        try:
+            yield
+        finally:
+            lib.llama_model_default_params, lib.llama_context_default_params = model_defaults, context_defaults
+
+
+def make_llama(path: str, repack: bool, rows: int = 1, unified: bool = False, **kwargs):
+    """`llama_cpp.Llama(path, verbose=False, **kwargs)` with weight repacking on or off and room for
+    `rows` sequences (kwargs' n_ctx is then the sum of theirs, unless they share one `unified` cache)."""
+    llama_cpp = import_llama_cpp()
+    with _default_params(repack, rows, unified):
+        return llama_cpp.Llama(model_path=path, verbose=False, **kwargs)
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
+_PROBE = """
+import sys, llama_cpp
+ll = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_ubatch=64, n_threads=2, n_threads_batch=2,
+                     verbose=False)
+ll.eval([i % ll.n_vocab() for i in range(1, 17)])
+ll.eval([1])
+"""
+
+
+def resolve_repack(path: str, repack: bool | None = None) -> bool:
+    """Whether to let llama.cpp repack weights (its default): explicit choice, else the environment
+    variable EXACTSPEC_LLAMACPP_REPACK, else yes unless the CPU advertises AMX and a probe subprocess
+    decoding with this model dies from a signal (cached per process and file; costs one model load)."""
+    if repack is not None:
+        return repack
+    env = os.environ.get("EXACTSPEC_LLAMACPP_REPACK")
+    if env is not None and env.strip() != "":
+        return env.strip().lower() not in ("0", "false", "no", "off")
+    if not _cpu_has_amx():
+        return True
+    if path not in _PROBED:
+        try:
+            done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=600)
+            _PROBED[path] = done.returncode >= 0  # killed by a signal = crashed; other errors surface on load
+        except (OSError, subprocess.TimeoutExpired):
+            _PROBED[path] = False
+    return _PROBED[path]
+
+
+def check_gguf_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise ExactSpecError(f"model path not found: {path}")
+    if not os.path.isfile(path):
+        raise ExactSpecError(f"the llama.cpp backend needs a .gguf file, not a directory: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ExactSpecError(f"corrupt GGUF file (bad magic): {path}")
+
+
+def _train_context(path: str) -> int:
+    """`{arch}.context_length` from the GGUF header (0 if absent or unreadable)."""
+    return header_ints(path, ("context_length",)).get("context_length", 0)
+
+
+def kv_bytes_per_token(path: str) -> int:
+    """An upper bound of one cached token's K and V over all layers (f16), from the GGUF header; 0 if
+    the header does not say."""
+    h = header_ints(path, ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+                       "attention.key_length", "attention.value_length"))
+    if not {"block_count", "embedding_length", "attention.head_count"} <= h.keys() or not h["attention.head_count"]:
+        return 0
+    head = h["embedding_length"] // h["attention.head_count"]
+    kv_heads = h.get("attention.head_count_kv", h["attention.head_count"])
+    return 2 * h["block_count"] * kv_heads * (h.get("attention.key_length", head) + h.get("attention.value_length", head))
+
+
+def _kv_budget() -> int | None:
+    """A quarter of the memory available now, in bytes (None where /proc/meminfo does not say): what the
+    KV cache of every row may take (it is allocated when the context is created)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")) // 4
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def default_context(path: str, rows: int = 1) -> int:
+    """Tokens per row when none are asked for: the model's training context (DEFAULT_N_CTX where the
+    header has none), lowered to what the KV budget holds for `rows` rows, in steps of 256, but never
+    below DEFAULT_N_CTX (`affordable_rows` then drops rows instead)."""
+    train = _train_context(path) or DEFAULT_N_CTX
+    per_token, budget = kv_bytes_per_token(path), _kv_budget()
+    if not per_token or budget is None or rows * train * per_token <= budget:
+        return train
+    return min(train, max(DEFAULT_N_CTX, budget // (rows * per_token) // 256 * 256))
+
+
+def affordable_rows(path: str, rows: int, n_ctx: int) -> int:
+    """At most `rows`, as many as fit the KV budget (`_kv_budget`) with `n_ctx` positions each."""
+    per_row, budget = kv_bytes_per_token(path) * n_ctx, _kv_budget()
+    if budget is None or not per_row:
+        return rows
+    return max(1, min(rows, budget // per_row))
