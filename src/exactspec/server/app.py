@@ -19,9 +19,9 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
-from pydantic import ValidationError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Engine
