@@ -113,6 +113,7 @@ class AutoDrafter:
         self.source: str | None = None
         self.copies = policy is not None  # auto γ cuts the proposal afterwards (speculative/propose.py)
         self._last: str | None = None
+        self._protocols: tuple[dict, dict, dict] | None = None  # `_as_protocols`, with the arms dict it read
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None, law=None) -> Proposal:
@@ -124,21 +125,22 @@ class AutoDrafter:
         for name in self.bandit.ranking(list(self.arms), self.local, k):
             proposal = self._from(name, context, k, params, generator, law)
             if len(proposal):
-                arm = self.arms[name]  # a copy's source ("context" / "store"), else the arm's name
-                return self._chose(name, proposal, (arm.source if isinstance(arm, Copies) else None) or name)
+                copier = self._as_protocols()[0].get(name)  # a copy's source ("context" / "store"), else the name
+                return self._chose(name, proposal, (copier.source if copier is not None else None) or name)
         return Proposal.empty()
 
     def _priced(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None,
                 law) -> Proposal:
         mode = sampling_mode(params)
+        copiers, lookups = self._as_protocols()
         copies = []  # (predicted speed-up, arm, proposal, source)
         for name, arm in self.arms.items():
             if arm.copies:
-                if isinstance(arm, Lookups):  # no lookup for matches too short to pay
-                    arm.shortest = self.policy.shortest_paying([(s, mode) for s in arm.sources])
+                if name in lookups:  # no lookup for matches too short to pay
+                    lookups[name].shortest = self.policy.shortest_paying([(s, mode) for s in lookups[name].sources])
                 proposal = arm.propose(context, k, params, generator, law=law)  # timed by auto γ, per proposal
                 if len(proposal):
-                    source = (arm.source if isinstance(arm, Copies) else None) or "context"
+                    source = (copiers[name].source if name in copiers else None) or "context"
                     gain = self.policy.best([(proposal.match, len(proposal), (source, mode))], 1)[1]
                     copies.append((gain, name, proposal, source))
         copies.sort(key=lambda c: -c[0])
@@ -155,6 +157,14 @@ class AutoDrafter:
             if len(proposal):
                 return self._chose(name, proposal, name)
         return self._chose(*copies[0][1:]) if copies else Proposal.empty()
+
+    def _as_protocols(self) -> tuple[dict[str, Copies], dict[str, Lookups]]:
+        """The arms that are `Copies`, and those that are `Lookups`, by name: checked once per arms dict
+        (`source.read_source` may replace it before decoding), not every iteration."""
+        if self._protocols is None or self._protocols[2] is not self.arms:
+            self._protocols = ({n: a for n, a in self.arms.items() if isinstance(a, Copies)},
+                               {n: a for n, a in self.arms.items() if isinstance(a, Lookups)}, self.arms)
+        return self._protocols[0], self._protocols[1]
 
     def _from(self, name: str, context: list[int], k: int, params: SamplingParams,
               generator: torch.Generator | None, law) -> Proposal:

@@ -7,7 +7,7 @@ import time
 import torch
 
 from .costmodel import AutoGamma, ragged_widths, sampling_mode
-from .interfaces import Copies, Drafter, Lookups, Proposal
+from .interfaces import Drafter, Proposal
 from .law import TargetLaw
 from .rows import Draft, Row
 from .sampling import SamplingParams
@@ -124,7 +124,7 @@ def own_copies(row: Row) -> bool:
     """A row under auto γ whose drafter copies from the row's own context alone (prompt lookup), with no
     law: its lookups can be spaced out (`next_lookup`)."""
     return (row.law is None and isinstance(row.gamma, AutoGamma)
-            and isinstance(row.drafter, Lookups) and row.drafter.sources == ("context",))
+            and row.lookups is not None and row.lookups.sources == ("context",))
 
 
 def next_lookup(row: Row, proposal: Proposal | None) -> None:
@@ -144,9 +144,9 @@ def kind(row: Row) -> tuple | None:
     """What auto γ prices a copying drafter's proposal by, besides its match length: where the copy
     came from (the drafter's `source`: its own context unless it says otherwise) and whether the row
     samples (costmodel.Acceptance)."""
-    if not isinstance(row.drafter, Copies) or not row.drafter.copies:
+    if row.copier is None or not row.copier.copies:
         return None
-    return (row.drafter.source or "context", sampling_mode(row.params))
+    return (row.copier.source or "context", sampling_mode(row.params))
 
 
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]]) -> dict[int, int]:

@@ -9,7 +9,7 @@ import torch
 
 from ..stats import Stats
 from .costmodel import AutoGamma
-from .interfaces import Drafter
+from .interfaces import Copies, Drafter, Lookups
 from .law import TargetLaw
 from .sampling import SamplingParams, Uniforms
 
@@ -37,9 +37,15 @@ class Row:
     lookup_at: int = 0  # auto γ, a context-only copier: no lookup before the context is this long (next_lookup)
     rule: object = None  # its accept.Rule: how its drafts are accepted, set once when it joins a decoder
     uniforms: Uniforms = field(init=False)  # its random numbers by output position (drawn from `generator`)
+    # the drafter as the optional protocols propose.py asks of it, checked once here (an isinstance on a
+    # runtime protocol costs ~10 us: too much for every row of every iteration); None: it is not one
+    copier: Copies | None = field(init=False)
+    lookups: Lookups | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.context = list(self.prompt)
+        self.copier = self.drafter if isinstance(self.drafter, Copies) else None
+        self.lookups = self.drafter if isinstance(self.drafter, Lookups) else None
         self.uniforms = Uniforms(self.generator)
         self.stats.lenience = min(self.stats.lenience, self.params.lenience)
         self._decode_base = self.stats.decode_s  # a Stats carried over from earlier generations keeps its time
