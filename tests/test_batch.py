@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.speculative.costmodel import AutoGamma, CostModel, measure_target
+from exactspec.measure import measure_target
+from exactspec.speculative.auto_gamma import AutoGamma
+from exactspec.speculative.costs import CostModel
 from exactspec.speculative.loop import decode
 from exactspec.speculative.loop import BatchDecoder, Row, decode_batch
 from exactspec.drafters.ngram import NGramDrafter

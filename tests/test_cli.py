@@ -119,7 +119,7 @@ def test_help_explains():
 
 def test_json_compare_contract():
     proc = exactspec("generate", "Repeat exactly: one two three four five six", "--max-new-tokens", "24",
-                     "--compare", "--json", "--num-samples", "2", "--gamma", "4")  # auto γ: test_costmodel
+                     "--compare", "--json", "--num-samples", "2", "--gamma", "4")  # auto γ: test_costs
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert all(isinstance(t, int) for t in out["prompt_token_ids"])

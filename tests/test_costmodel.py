@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from exactspec.speculative import theory
-from exactspec.speculative.costmodel import AutoGamma, CostModel, DepthCosts
+from exactspec.speculative.auto_gamma import AutoGamma
+from exactspec.speculative.costs import CostModel, DepthCosts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -155,21 +156,21 @@ def test_target_costs_are_measured_once_per_machine_and_model(tiny_target, tmp_p
     """auto γ's T(k) for an adapter whose loader keyed it (`cost_key`) is measured once, then read back from
     the cache (a new engine, a new process: the same file); an unkeyed adapter is measured every time;
     a corrupt entry is measured again. The tiny target's 128-token context holds no deeper depth."""
-    from exactspec import drafting
+    from exactspec import measure
 
     monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
     calls = []
-    real = drafting.measure_target
-    monkeypatch.setattr(drafting, "measure_target", lambda target, max_k: calls.append(max_k) or real(target, max_k=max_k))
-    depths, curves = drafting.target_costs(tiny_target, 5)  # unkeyed: measured
+    real = measure.measure_target
+    monkeypatch.setattr(measure, "measure_target", lambda target, max_k: calls.append(max_k) or real(target, max_k=max_k))
+    depths, curves = measure.target_costs(tiny_target, 5)  # unkeyed: measured
     assert depths == [100] and len(curves) == 1 and len(curves[0]) == 5 and calls == [5]
     tiny_target.cost_key = "test|tiny"
     try:
-        keyed = drafting.target_costs(tiny_target, 5)
-        assert drafting.target_costs(tiny_target, 5) == keyed and calls == [5, 5]  # read back
+        keyed = measure.target_costs(tiny_target, 5)
+        assert measure.target_costs(tiny_target, 5) == keyed and calls == [5, 5]  # read back
         for entry in (tmp_path / "target-costs").iterdir():
             entry.write_text("[not json")
-        assert len(drafting.target_costs(tiny_target, 5)[1][0]) == 5 and calls == [5, 5, 5]
+        assert len(measure.target_costs(tiny_target, 5)[1][0]) == 5 and calls == [5, 5, 5]
     finally:
         del tiny_target.cost_key
 
@@ -179,8 +180,8 @@ def test_depths_measured_are_capped_by_the_context(tiny_target, monkeypatch):
     least twice the one before); the deeper curves come from one cache prefilled in turn."""
     from types import SimpleNamespace
 
-    from exactspec.speculative import costmodel
-    from exactspec.speculative.costmodel import deeper_depths, fitting_depth, measure_deeper
+    from exactspec import measure
+    from exactspec.measure import deeper_depths, fitting_depth, measure_deeper
 
     assert deeper_depths(SimpleNamespace(max_length=8192), 33, 100) == [1000, 3000]
     assert deeper_depths(SimpleNamespace(max_length=2048), 33, 100) == [1000, 2014]
@@ -192,7 +193,7 @@ def test_depths_measured_are_capped_by_the_context(tiny_target, monkeypatch):
     assert depths == [20, 60] and len(curves) == 2 and all(len(c) == 3 and min(c) > 0 for c in curves)
     # a prefill that takes too long: the depth reached is the last measured, if deep enough
     assert measure_deeper(tiny_target, 3, [20, 60], reps=1, base=10, budget_s=1e-9)[0] == [20]
-    monkeypatch.setattr(costmodel, "DEEP_PREFILL_CHUNK", 16)
+    monkeypatch.setattr(measure, "DEEP_PREFILL_CHUNK", 16)
     assert measure_deeper(tiny_target, 3, [40], reps=1, base=5, budget_s=1e-9)[0] == [16]
     assert measure_deeper(tiny_target, 3, [40], reps=1, base=10, budget_s=1e-9) == ([], [])
 
@@ -310,7 +311,7 @@ def test_the_loop_prices_auto_at_the_rows_depth(tiny_target):
 def test_a_batch_whose_copies_do_not_pay_rests_from_drafting():
     """AutoGamma.resting: after a batch iteration whose copies were all cut to nothing, the batch sits
     out 1, then 2, 4, ... up to MAX_REST iterations; an iteration that drafted starts the gap over."""
-    from exactspec.speculative.costmodel import MAX_REST
+    from exactspec.speculative.auto_gamma import MAX_REST
 
     auto = AutoGamma(CostModel(target_s=[0.05, 0.06, 0.07], draft_s_per_token=0.0))
 
@@ -369,7 +370,7 @@ def test_a_lookup_skips_match_lengths_that_cannot_pay():
     assert auto.choose([(1, 5, kinds[0])]) == 1
     # the answer is priced again after this policy's outcomes (above), and every REPRICE calls: another
     # request's policy sharing the acceptance shows here within REPRICE lookups
-    from exactspec.speculative.costmodel import REPRICE
+    from exactspec.speculative.auto_gamma import REPRICE
 
     other = AutoGamma(cost, acceptance=auto.acceptance)
     for _ in range(40):
@@ -381,7 +382,7 @@ def test_a_lookup_skips_match_lengths_that_cannot_pay():
 def test_the_store_starts_from_a_lower_prior():
     """The store (other requests' text) is a weaker witness than the request's own context at the same
     match length: a cold engine's store copies of short matches are not drafted before they are seen to pay."""
-    from exactspec.speculative.costmodel import BUCKET_EDGES, COPY_PRIOR, STORE_PRIOR, Acceptance
+    from exactspec.speculative.acceptance import BUCKET_EDGES, COPY_PRIOR, STORE_PRIOR, Acceptance
 
     seen = Acceptance()
     for b, match in enumerate(BUCKET_EDGES):  # the shortest match of each bucket
@@ -410,7 +411,7 @@ def test_probes_are_scheduled_across_an_engines_requests(tiny_target):
     """`Probes`: a request's policy probes after the gap its engine's earlier requests left (not from 8
     again), the gap doubling after each probe up to MAX_PROBE_GAP; a policy of its own starts at `first_probe`."""
     from exactspec.engine import Engine
-    from exactspec.speculative.costmodel import MAX_PROBE_GAP, Probes
+    from exactspec.speculative.auto_gamma import MAX_PROBE_GAP, Probes
 
     losing = CostModel(target_s=[0.05, 0.1, 0.15], frozen=True)
 
@@ -441,7 +442,7 @@ def test_measured_costs_charge_a_change_of_shape(tiny_target):
     more per pass, and `change` more on a pass whose width differs from the last one's."""
     import time
 
-    from exactspec.speculative.costmodel import CHANGE_CAP, measure_target
+    from exactspec.measure import CHANGE_CAP, measure_target
 
     class ShapeChanges:
         def __init__(self, model, step: float, change: float):

@@ -1,5 +1,5 @@
 """Exact-law tests of auto γ and the auto drafter: the loop's law is the target's while γ and the drafter
-are chosen online, per iteration, by the real policies (speculative/costmodel.py `AutoGamma`,
+are chosen online, per iteration, by the real policies (speculative/auto_gamma.py `AutoGamma`,
 drafters/auto.py `AutoDrafter`).
 
 How the enumeration follows state learned online. Auto γ's acceptance posteriors and probe counter,
@@ -40,7 +40,9 @@ from exactspec.drafters.auto import AutoDrafter, DraftBandit
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
-from exactspec.speculative.costmodel import COPY_PRIOR, Acceptance, AutoGamma, CostModel, DepthCosts
+from exactspec.speculative.acceptance import COPY_PRIOR, Acceptance
+from exactspec.speculative.auto_gamma import AutoGamma
+from exactspec.speculative.costs import CostModel, DepthCosts
 from exactspec.speculative.loop import decode, decode_rows
 from exactspec.speculative.rows import Row
 from exactspec.speculative.sampling import SamplingParams

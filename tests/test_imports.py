@@ -99,6 +99,23 @@ def test_the_algorithm_imports_no_backend():
     assert not upward, "speculative/ imports models/: " + ", ".join(upward)
 
 
+def test_auto_gamma_is_priced_without_a_clock_and_reached_through_its_interface():
+    """Auto γ's room: the prices (costs.py), the acceptance (acceptance.py) and the policy (auto_gamma.py)
+    are arithmetic on what they are told (no clock, no model, no torch); the timed forwards that start
+    the prices live outside speculative/ (exactspec.measure); the loop and propose reach the policy only
+    through `interfaces.GammaPolicy`, never the class (so the policy can change without them)."""
+    edges, room = graph(), ("costs", "acceptance", "auto_gamma")
+    for name in room:
+        tree = ast.parse((PACKAGE / "speculative" / f"{name}.py").read_text())
+        names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                 for alias in node.names} | {node.module.split(".")[0] for node in ast.walk(tree)
+                                             if isinstance(node, ast.ImportFrom) and node.module}
+        assert not names & {"time", "torch", "statistics"}, f"speculative/{name}.py imports {names & {'time', 'torch', 'statistics'}}"
+    for name in ("loop", "propose", "rows"):
+        assert "exactspec.speculative.auto_gamma" not in edges[f"exactspec.speculative.{name}"], name
+    assert not [n for n, deps in edges.items() if n.startswith("exactspec.speculative") and "exactspec.measure" in deps]
+
+
 def unresolved(path: Path, name: str, known: set[str]) -> list[str]:
     """The relative imports in `path` that name no module of the package (`from .errors import X` left
     behind in a moved file: a lazy one fails only when its function is called)."""

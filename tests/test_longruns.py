@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from exactspec.bench.workloads import load_workload
-from exactspec.speculative.costmodel import AutoGamma, CostModel, bucket, passes, ragged_widths
+from exactspec.speculative.auto_gamma import AutoGamma, ragged_widths
+from exactspec.speculative.costs import CostModel, passes
+from exactspec.speculative.acceptance import bucket
 from exactspec.speculative.loop import decode
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine

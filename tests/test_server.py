@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-import exactspec.drafting
+import exactspec.measure
 from exactspec.engine import Engine, GenerationResult
 from exactspec.errors import ExactSpecError
 from exactspec.server import create_app
@@ -431,9 +431,9 @@ def test_concurrent_mixed_requests_share_batches_exactly(server, monkeypatch):
     batch runs and finds the target's speed unmeasured: measuring it must not disturb the batch."""
     engine, refs = server.app.state.engine, server.refs
     monkeypatch.setattr(engine.drafts, "_target_costs", None)
-    quick = functools.partial(exactspec.drafting.measure_target, context=20, reps=1)  # it still resets the cache
-    monkeypatch.setattr(exactspec.drafting, "measure_target", quick)
-    monkeypatch.setattr(exactspec.drafting, "measure_deeper", lambda *a, **k: ([], []))  # the base depth only
+    quick = functools.partial(exactspec.measure.measure_target, context=20, reps=1)  # it still resets the cache
+    monkeypatch.setattr(exactspec.measure, "measure_target", quick)
+    monkeypatch.setattr(exactspec.measure, "measure_deeper", lambda *a, **k: ([], []))  # the base depth only
     text = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0}
     chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12}
     first = (TEXT, {**text, "prompt": COUNTING_PROMPT, "max_tokens": 30, "gamma": 2}, [refs.counting])

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from exactspec.drafters.suffix import PromptLookupDrafter
-from exactspec.drafting import measure_depths
+from exactspec.measure import measure_depths
 from exactspec.errors import ExactSpecError
 from exactspec.models.torch_hf import HFCausalLM
-from exactspec.speculative.costmodel import AutoGamma, CostModel
+from exactspec.speculative.auto_gamma import AutoGamma
+from exactspec.speculative.costs import CostModel
 from exactspec.speculative.loop import decode
 from exactspec.speculative.sampling import SamplingParams
 

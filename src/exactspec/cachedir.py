@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import platform
 import threading
@@ -16,6 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
+
+from . import quiet
 
 
 def cache_dir(*parts: str) -> Path:
@@ -96,18 +99,82 @@ def one_at_a_time(path: Path) -> Iterator[None]:
 T = TypeVar("T")
 
 
-def measured_once(path: Path, read: Callable[[], T | None], measure: Callable[[], T], write: Callable[[T], None]) -> T:
+REMEASURE_ATTEMPTS = 3  # later starts that re-measure a provisional entry before it waits for `exactspec tune`
+_force: set[str] = set()  # kinds of timed entries measured again whatever the cache holds (`remeasure`)
+_looked: set[Path] = set()  # provisional entries this process has already decided about
+
+
+def remeasure(*kinds: str) -> None:
+    """Measure timed entries of these kinds (cache sub-folders: "llamacpp-numerics", "target-costs",
+    "layouts") again in this process, whatever the cache holds (`exactspec tune`)."""
+    _force.update(kinds)
+
+
+def provisional(path: Path) -> str | None:
+    """Why the timed entry at `path` is provisional (measured on a busy machine), or None: final."""
+    try:
+        return json.loads(_mark(path).read_text())["why"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _mark(path: Path) -> Path:
+    return path.with_name(path.name + ".provisional")
+
+
+def _attempts(path: Path) -> int:
+    try:
+        return int(json.loads(_mark(path).read_text())["attempts"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return 0
+
+
+def _due(path: Path, threads: int) -> bool:
+    """Whether this process measures the timed entry at `path` (present) again: asked for (`remeasure`),
+    or provisional with attempts left and the machine quiet now (once per process and entry)."""
+    if path in _looked:
+        return False
+    _looked.add(path)
+    if path.parent.name in _force:  # every entry of the kind, once per process
+        return True
+    if provisional(path) is None:
+        return False
+    attempts = int(os.environ.get("EXACTSPEC_REMEASURE_ATTEMPTS", REMEASURE_ATTEMPTS))
+    return _attempts(path) < attempts and not quiet.busy_now(threads).disturbed
+
+
+def measured_once(path: Path, read: Callable[[], T | None], measure: Callable[[], T], write: Callable[[T], None],
+                  timed: int | None = None) -> T:
     """The cache entry at `path`: `read()` (None: absent or unreadable), else `measure()` and `write` it,
-    one process at a time (`one_at_a_time`; a process that waited reads what the first one wrote)."""
+    one process at a time (`one_at_a_time`; a process that waited reads what the first one wrote).
+    `timed`: the measurement is timed on this many threads, and watched (quiet.py): taken while other
+    processes computed, it is written PROVISIONAL (`provisional` says why), and a later start that finds
+    the machine quiet measures it again (at most REMEASURE_ATTEMPTS disturbed times; then only when asked:
+    `remeasure`, `exactspec tune`)."""
     value = read()
-    if value is not None:
+    if value is not None and (timed is None or not _due(path, timed)):
         return value
     with one_at_a_time(path):
-        value = read()
+        again = value is not None  # a provisional or forced entry, measured again
+        value = None if again else read()
         if value is None:
-            value = in_own_thread(measure)
+            if timed is None:
+                value = in_own_thread(measure)
+            else:
+                with quiet.Watch(timed) as watch:
+                    value = in_own_thread(measure)
             write(value)
+            if timed is not None:
+                _record(path, watch.window, _attempts(path) + 1 if again else 0)
     return value
+
+
+def _record(path: Path, window: quiet.Window, attempts: int) -> None:
+    """Mark the entry at `path` provisional (a disturbed window) or final."""
+    if window.disturbed:
+        write_atomic(_mark(path), json.dumps({"why": window.describe(), "attempts": attempts}))
+    else:
+        _mark(path).unlink(missing_ok=True)
 
 
 def in_own_thread(work: Callable[[], T]) -> T:

@@ -4,12 +4,10 @@ the bandit). The engine owns one `Drafting`; every generation asks it for a fres
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
 
-from .cachedir import cache_dir, machine_key, measured_once, write_atomic
 from .drafters import STORE_MB
 from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
@@ -18,9 +16,10 @@ from .drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from .drafters.source import read_source
 from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
-from .speculative.costmodel import (MAX_AUTO_GAMMA, TARGET_DEPTHS, Acceptance, AutoGamma, BatchCosts, CostModel,
-                                    DepthCosts, deeper_depths, fitting_depth, measure_deeper, measure_drafter,
-                                    Probes, measure_target)
+from .measure import measure_drafter, target_costs
+from .speculative.acceptance import Acceptance
+from .speculative.auto_gamma import AutoGamma, Probes
+from .speculative.costs import MAX_AUTO_GAMMA, BatchCosts, CostModel, DepthCosts
 from .speculative.interfaces import CausalLM, Drafter, RowContexts
 from .speculative.params import DRAFT_NAMES
 from .speculative.sampling import SamplingParams
@@ -29,42 +28,6 @@ from .stats import Stats
 AUTO_ARMS = ("prompt-lookup", "store", "bigram")  # "store" when the engine has one, "model" when it has a draft model
 COPYING = ("prompt-lookup", "suffix", "store", "auto")  # drafters auto γ cuts after a lookup: priced per proposal
 MEASURED_DRAFT_K = 4  # the proposal length `measure_drafter` times
-
-
-def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[float]]]:
-    """The target's T(1..max_k) at the context depths of TARGET_DEPTHS (seconds on a CPU; `measure_target`
-    at the first, `measure_deeper` at those the target's context holds) -> (the depths, T(k) at each),
-    read back from the cache when its loader gave the adapter a `cost_key` (a model file, its settings)
-    and it was measured on this machine with as many torch threads before: with auto γ the default,
-    every CLI start would pay for it again. The decode loop refines T(k) from real iterations either way."""
-    key = target.cost_key
-    if key is None:
-        return measure_depths(target, max_k)
-    path = cache_dir("target-costs") / f"{machine_key(4, key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
-
-    def read() -> tuple[list[int], list[list[float]]] | None:
-        try:
-            entry = json.loads(path.read_text())
-            depths, curves = entry["depths"], entry["target_s"]
-        except (OSError, ValueError, TypeError, KeyError):
-            return None  # absent or unreadable: measured (again)
-        ok = (isinstance(depths, list) and isinstance(curves, list) and len(depths) == len(curves) >= 1
-              and all(isinstance(d, int) and d > 0 for d in depths) and depths == sorted(set(depths))
-              and all(isinstance(c, list) and len(c) == max_k and all(isinstance(t, float) and t > 0 for t in c)
-                      for c in curves))
-        return (depths, curves) if ok else None
-
-    return measured_once(path, read, lambda: measure_depths(target, max_k),
-                         lambda m: write_atomic(path, json.dumps({"depths": m[0], "target_s": m[1]})))
-
-
-def measure_depths(target: CausalLM, max_k: int) -> tuple[list[int], list[list[float]]]:
-    """T(1..max_k) at the base depth and the deeper ones the target's context holds (and its prefill
-    reaches in `DEEP_PREFILL_S`)."""
-    base = fitting_depth(target, max_k, TARGET_DEPTHS[0])
-    curve = measure_target(target, max_k=max_k)
-    depths, curves = measure_deeper(target, max_k, deeper_depths(target, max_k, base), base=base)
-    return [base, *depths], [curve, *curves]
 
 
 class Drafting:

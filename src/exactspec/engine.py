@@ -26,7 +26,8 @@ from .generation import (GenerationResult, LawSpec, Request, law_spec, release, 
 from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
 from .models.light_tokenizer import llg_tokenizer
 from .models.seq2seq import Seq2SeqLM
-from .speculative.costmodel import MAX_AUTO_GAMMA, AutoGamma, CostModel
+from .speculative.costs import MAX_AUTO_GAMMA, CostModel
+from .speculative.auto_gamma import AutoGamma
 from .speculative.interfaces import CausalLM, Drafter, PrefixSnapshots, RowContexts
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row

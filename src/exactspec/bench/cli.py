@@ -106,6 +106,11 @@ def add_tune_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Argu
                       help="re-run the dtype self-test of `--dtype auto` on this CPU and model (bit-equality of "
                            "k-token blocks vs single tokens, T(1) and T(8) per layout), refresh its cache, and "
                            "print what it found")
+    tune.add_argument("--remeasure", action="store_true",
+                      help="measure again, now, what exactspec times once per machine and model and caches (the "
+                           "llama.cpp self-test's ranking of settings, the dtype choice, auto gamma's T(k)), replace "
+                           "the cached figures, and print them; a measurement taken while other processes were busy "
+                           "stays provisional (measured again at a later quiet start)")
     tune.set_defaults(func=cmd_tune)
     return tune
 
@@ -374,6 +379,32 @@ def _dtype_test(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remeasure(args: argparse.Namespace) -> int:
+    """`tune --remeasure`: every timed cache entry of this model measured again and printed."""
+    import torch
+
+    from ..cachedir import remeasure
+    from ..quiet import busy_now
+
+    remeasure("llamacpp-numerics", "layouts", "target-costs")
+    engine = load_engine(args)
+    with progress.timed("measure T(k)"):
+        cost = engine.cost_model()
+    before = busy_now(torch.get_num_threads())
+    report = {**engine.runtime(), "target_ms": {depth: [round(1e3 * t, 3) for t in curve[:8]]
+                                                for depth, curve in cost.depths().items()},
+              "machine_now": before.describe()}
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(engine.hardware)
+    print(f"greedy identity: {report['greedy_identity']}")
+    for depth, ms in report["target_ms"].items():
+        print(f"T(1..8) at depth {depth}: " + " ".join(f"{t:.2f}" for t in ms) + " ms")
+    print(f"now: {before.describe()}")
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -382,6 +413,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .workloads import load_workload
 
     _check_free_text(args.workloads.split(",") if args.table else [args.workload])
+    if args.remeasure:
+        return _remeasure(args)
     if args.dtype_test:
         return _dtype_test(args)
     if args.table:

@@ -32,7 +32,8 @@ import torch
 
 from ..speculative.sampling import SamplingParams
 from ..speculative.theory import expected_tokens
-from ..speculative.costmodel import AutoGamma, sampling_mode
+from ..speculative.auto_gamma import AutoGamma
+from ..speculative.acceptance import sampling_mode
 from ..speculative.interfaces import Copies, Drafter, Finishing, Lookups, Proposal
 
 

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .. import progress
-from ..cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
+from ..cachedir import cache_dir, file_identity, machine_key, measured_once, provisional, write_atomic
 from .fast_llama import ATTN_BLOCK, FastLlamaLM
 
 VERSION = 4  # bump when the test, the candidates or their forward change: old cache entries are then ignored
@@ -329,7 +329,13 @@ def choose_layout(module: torch.nn.Module, model_path: str | None, refresh: bool
             return self_test(module)
 
     read = (lambda: None) if refresh else (lambda: _cached_choice(path))
-    return measured_once(path, read, measure, lambda choice: write_atomic(path, json.dumps(asdict(choice), indent=1)))
+    choice = measured_once(path, read, measure, lambda c: write_atomic(path, json.dumps(asdict(c), indent=1)),
+                           timed=torch.get_num_threads())
+    why = provisional(path)
+    if why:
+        progress.status(f"the dtype choice is PROVISIONAL: timed while {why}; measured again at the next quiet "
+                        "start, or by `exactspec tune`")
+    return choice
 
 
 def _cached_choice(path) -> Choice | None:

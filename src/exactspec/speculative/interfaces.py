@@ -1,4 +1,4 @@
-"""The two interfaces the decode loop talks to: the target model's adapter (`CausalLM`) and the drafter.
+"""The interfaces the decode loop talks to: the target model's adapter (`CausalLM`), the drafter, and the γ policy.
 
 CausalLM. An adapter owns its KV cache: `forward` appends new tokens and returns logits for every one
 of them (one pass, so verifying γ drafts costs one call), `prefill` appends without logits, `truncate`
@@ -15,6 +15,9 @@ Optional capabilities are named protocols below: an adapter's (`ArgmaxSteps`, `R
 each checked by `isinstance` where a decoder, an engine or a proposal takes the object in, never probed
 by an attribute's name: a new backend's (or drafter's) author implements `CausalLM` (`Drafter`) and
 whichever of them it can, and the loop's paths say which they need.
+
+How many drafts each iteration verifies is an int, or a `GammaPolicy` (auto γ) that the loop asks once
+per iteration and tells what each iteration cost and kept.
 
 Drafter: propose up to k tokens (with the law they were drawn from), then hear the outcome.
 Drafters never see the target model. The verifier only needs each proposed token and the draft
@@ -241,4 +244,58 @@ class Finishing(Protocol):
     """A drafter told when its generation ends (the suffix drafter's store keeps the output)."""
 
     def finish(self, context: list[int]) -> None:
+        ...
+
+
+class GammaPolicy(Protocol):
+    """How many drafts an iteration verifies, chosen as decoding goes (auto γ: `auto_gamma.AutoGamma`); a
+    fixed γ is a plain int. A row's `gamma` is one or the other; rows of one request share a policy, and
+    `propose` asks it once per iteration for all of them (`budget`, `choose` / `ragged_widths`). It
+    prices a row at its context depth (`depth`, set before the row drafts). A context-only copier's
+    lookups may be skipped while no match can pay (`skip_lookup`, `shortest_paying`); a batch whose
+    copies keep being cut to nothing rests (`resting`, `batch_drafted`). The loop reports each
+    iteration's time (`observe_step`) and each proposal's outcome (`observe`)."""
+
+    depth: int | None
+    min_gain: float
+
+    @property
+    def max_gamma(self) -> int:
+        ...
+
+    @property
+    def ragged(self) -> bool:
+        """The target scores each row's own tokens unpadded (priced by `ragged_widths`)."""
+
+    def budget(self, rows: int, copying: bool) -> int:
+        """Drafts to propose this iteration in a batch of `rows` (a copying drafter: all it may use, cut
+        afterwards by `choose`)."""
+
+    def skip_lookup(self) -> bool:
+        """Whether a context-only copier's lookup, not yet able to pay, is skipped now (False: a probe is due)."""
+
+    def shortest_paying(self, kinds: list[object], longest: int = 3) -> int:
+        """The shortest match length worth a lookup."""
+
+    def resting(self) -> bool:
+        """Whether a batch's copies skip drafting this iteration."""
+
+    def batch_drafted(self, drafted: bool) -> None:
+        """Whether any copy of a batch iteration that looked up was kept."""
+
+    def alphas(self, rows: list[tuple]) -> list[tuple[float, int]]:
+        """(α, drafts it may keep) per row of (match length, proposal length[, kind])."""
+
+    def choose(self, rows: list[tuple], batch: int | None = None, depth: int | None = None) -> int:
+        """One width (0 = plain) for its rows of (match length, proposal length[, kind])."""
+
+    def ragged_widths(self, alphas: list[tuple[float, int]], base: list[int]) -> list[int]:
+        """A ragged batch's drafts per row, each row scoring base[b] tokens anyway."""
+
+    def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None,
+                     depth: int | None = None) -> None:
+        ...
+
+    def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
+                kind: object = None) -> None:
         ...

@@ -43,8 +43,7 @@ from ..errors import ExactSpecError
 from .prefix_cache import cache_of, remember
 from ..stats import Stats, total
 from .accept import Scored, acceptance
-from .costmodel import AutoGamma
-from .interfaces import ArgmaxSteps, CausalLM, Drafter, Finishing, RowContexts
+from .interfaces import ArgmaxSteps, CausalLM, Drafter, Finishing, GammaPolicy, RowContexts
 from .law import TargetLaw
 from .propose import propose
 from .rows import Draft, Row
@@ -250,7 +249,7 @@ class BatchDecoder:
     def _commit(self, rows: list[Row], drafts: list[Draft], emitted: list[list[int]], seconds: float) -> None:
         """The one commit: auto γ's T(B, k), then per row its feedback, tokens, law and stats (`emitted[j]`
         cut in place at EOS / max_new_tokens); then every row's cache rolled back to its accepted prefix."""
-        policy = next((r.gamma for r in rows if isinstance(r.gamma, AutoGamma)), None)
+        policy = next((r.gamma for r in rows if not isinstance(r.gamma, int)), None)
         if policy is not None:  # T(B, k) is the target's: one observation serves every policy
             policy.observe_step(max(len(d.ids) for d in drafts) + 1, seconds, len(rows),
                                 lengths=[len(d.ids) + 1 for d in drafts])
@@ -271,7 +270,7 @@ class BatchDecoder:
         k, n = len(d.ids), len(emitted) - 1  # drafts, accepted drafts
         if row.drafter is not None and k > d.forced:  # the drafter's own part (after the forced tokens)
             row.drafter.observe(k - d.forced, max(0, n - d.forced))
-            if isinstance(row.gamma, AutoGamma):
+            if not isinstance(row.gamma, int):
                 row.gamma.observe(k - d.forced, max(0, n - d.forced), d.seconds, d.match, d.kind)
         emitted = emitted[: row.max_new_tokens - row.produced]
         eos = self.target.eos_token_ids if self.stop_on_eos else ()
@@ -414,7 +413,7 @@ def decode_batch(
     drafters: list[Drafter | None],
     prompts: list[list[int]],
     params: SamplingParams,
-    gamma: int | AutoGamma,
+    gamma: int | GammaPolicy,
     max_new_tokens: int,
     generators: list[torch.Generator | None],
     row_stats: list[Stats] | None = None,
@@ -425,7 +424,7 @@ def decode_batch(
     laws: list[TargetLaw | None] | None = None,
 ) -> Iterator[tuple[int, list[int]]]:
     """Yield (row, tokens) each time a row accepts tokens. A row stops at EOS, max_new_tokens, the
-    context limit, or when the caller adds its index to `cancelled`. An AutoGamma policy chooses one
+    context limit, or when the caller adds its index to `cancelled`. A γ policy (auto γ) chooses one
     γ per iteration for the whole batch, priced by the batched T(B, k), and learns from every row's outcome."""
     row_stats = row_stats if row_stats is not None else [Stats() for _ in prompts]
     cancelled = cancelled if cancelled is not None else set()
@@ -442,7 +441,7 @@ def decode(
     drafter: Drafter | None,
     prompt_ids: list[int],
     params: SamplingParams,
-    gamma: int | AutoGamma,
+    gamma: int | GammaPolicy,
     max_new_tokens: int,
     generator: torch.Generator | None = None,
     stats: Stats | None = None,
@@ -452,7 +451,7 @@ def decode(
 ) -> Iterator[int]:
     """One generation, a batch of one through `BatchDecoder`: yield generated token ids as they are
     accepted. Stops at EOS (yielded), max_new_tokens or the context limit; the caller may stop early (stop strings) by closing the iterator.
-    `gamma` is a fixed number of drafts per iteration, or an AutoGamma policy asked at each one.
+    `gamma` is a fixed number of drafts per iteration, or a γ policy (auto γ) asked at each one.
     `law` (law.py): the per-position transform (grammar, penalties, logprobs) of `params`'
     law, applied to target and drafts alike; it also proposes grammar-forced tokens.
     `verifier`: the speculative-sampling rule (tests inject broken ones as negative controls)."""

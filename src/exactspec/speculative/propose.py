@@ -6,25 +6,22 @@ import time
 
 import torch
 
-from .costmodel import AutoGamma, ragged_widths, sampling_mode
-from .interfaces import Drafter, Proposal
+from .acceptance import sampling_mode
+from .interfaces import Drafter, GammaPolicy, Proposal
 from .law import TargetLaw
 from .rows import Draft, Row
 from .sampling import SamplingParams
 
 
-def copying(drafter: Drafter | None, gamma: int | AutoGamma) -> bool:
-    """Auto γ cuts the proposals after drafting: a copying drafter under auto."""
-    return isinstance(gamma, AutoGamma) and drafter is not None and drafter.copies
+def copying(drafter: Drafter | None, gamma: int | GammaPolicy) -> bool:
+    """Auto γ cuts the proposals after drafting: a copying drafter under a policy."""
+    return not isinstance(gamma, int) and drafter is not None and drafter.copies
 
 
-def budget(drafter: Drafter | None, gamma: int | AutoGamma, rows: int = 1) -> int:
-    """How many drafts the drafter may propose this iteration: a fixed γ; under auto, auto's γ for a
-    batch of `rows` (chosen before drafting), or for a copying drafter all auto may use (cut afterwards
-    by `AutoGamma.choose`, once the match length is known)."""
-    if copying(drafter, gamma):
-        return gamma.max_gamma
-    return gamma.next_gamma(rows) if isinstance(gamma, AutoGamma) else gamma
+def budget(drafter: Drafter | None, gamma: int | GammaPolicy, rows: int = 1) -> int:
+    """How many drafts the drafter may propose this iteration: a fixed γ, or the policy's budget for a
+    batch of `rows` (`GammaPolicy.budget`)."""
+    return gamma if isinstance(gamma, int) else gamma.budget(rows, copying(drafter, gamma))
 
 
 def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
@@ -63,20 +60,19 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset()) -> list[Dra
     (`before_eos`; `eos`: the target's end-of-sequence ids); rows of copying drafters under auto
     are then cut to one width of the drafter's part per policy, priced by T(B, width + 1) (on a
     ragged target, to a width per row, priced by the passes they add; such a batch sits an iteration
-    out while its copies keep being cut to nothing, `AutoGamma.resting`). A row whose
+    out while its copies keep being cut to nothing, `GammaPolicy.resting`). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
     proposals, wants, resting = [], {}, {}
     for row in rows:
         cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
-        fixed = not isinstance(row.gamma, AutoGamma)
+        fixed = isinstance(row.gamma, int)
         if not fixed:  # auto prices this iteration (and learns from its timing) at the row's context depth
             row.gamma.depth = len(row.context)
         if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None):
             proposals.append((None, 0, 0.0, None))
             continue
         bounded = own_copies(row)
-        if bounded and len(row.context) < row.lookup_at and not row.gamma.probes.due:
-            row.gamma.probes.skipped()  # no match can have grown to a paying length yet
+        if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup():
             proposals.append((None, 0, 0.0, None))
             continue
         if batched_copies(rows, row) and row.law is None:  # the batch's copies may sit this iteration out
@@ -116,14 +112,14 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset()) -> list[Dra
 
 def batched_copies(rows: list[Row], row: Row) -> bool:
     """A copying row under auto in a batch on a ragged target: priced by `ragged_widths`, and resting
-    with its policy while the batch's copies keep being cut to nothing (`AutoGamma.resting`)."""
-    return len(rows) > 1 and copying(row.drafter, row.gamma) and row.gamma.cost.ragged
+    with its policy while the batch's copies keep being cut to nothing (`GammaPolicy.resting`)."""
+    return len(rows) > 1 and copying(row.drafter, row.gamma) and row.gamma.ragged
 
 
 def own_copies(row: Row) -> bool:
     """A row under auto γ whose drafter copies from the row's own context alone (prompt lookup), with no
     law: its lookups can be spaced out (`next_lookup`)."""
-    return (row.law is None and isinstance(row.gamma, AutoGamma)
+    return (row.law is None and not isinstance(row.gamma, int)
             and row.lookups is not None and row.lookups.sources == ("context",))
 
 
@@ -143,7 +139,7 @@ def next_lookup(row: Row, proposal: Proposal | None) -> None:
 def kind(row: Row) -> tuple | None:
     """What auto γ prices a copying drafter's proposal by, besides its match length: where the copy
     came from (the drafter's `source`: its own context unless it says otherwise) and whether the row
-    samples (costmodel.Acceptance)."""
+    samples (acceptance.Acceptance)."""
     if row.copier is None or not row.copier.copies:
         return None
     return (row.copier.source or "context", sampling_mode(row.params))
@@ -151,8 +147,8 @@ def kind(row: Row) -> tuple | None:
 
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]]) -> dict[int, int]:
     """Row index -> the width its drafter's part is cut to, for the rows of copying drafters under auto:
-    asked once per policy (`AutoGamma.choose`: one width for all its rows); on a ragged target in a
-    batch, for all such rows together, each its own (costmodel.ragged_widths: every row's extra pass is
+    asked once per policy (`GammaPolicy.choose`: one width for all its rows); on a ragged target in a
+    batch, for all such rows together, each its own (auto_gamma.ragged_widths: every row's extra pass is
     priced, whichever request it belongs to)."""
     found = {}  # row index -> (its policy, (match, drafts available, kind))
     for j, (row, (proposal, forced, _, copy_kind)) in enumerate(zip(rows, proposals)):
@@ -162,11 +158,11 @@ def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, fl
     if not found:
         return {}
     policy = next(iter(found.values()))[0]
-    if policy.cost.ragged and len(rows) > 1:  # rows not in `found` score their own tokens (fixed γ, forced)
+    if policy.ragged and len(rows) > 1:  # rows not in `found` score their own tokens (fixed γ, forced)
         alphas = [found[j][0].alphas([found[j][1]])[0] if j in found else (0.0, 0) for j in range(len(rows))]
         base = [1 + forced if j in found else 1 + (len(p) if p is not None else 0)  # tokens scored anyway
                 for j, (p, forced, _, _) in enumerate(proposals)]
-        widths = ragged_widths(policy.cost, alphas, base, policy.min_gain)
+        widths = policy.ragged_widths(alphas, base)
         return {j: widths[j] for j in found}
     members = {}  # id(policy) -> (policy, row indices, their (match, available, kind))
     for j, (row_policy, row) in found.items():

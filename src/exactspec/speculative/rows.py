@@ -8,8 +8,7 @@ from typing import NamedTuple
 import torch
 
 from ..stats import Stats
-from .costmodel import AutoGamma
-from .interfaces import Copies, Drafter, Lookups
+from .interfaces import Copies, Drafter, GammaPolicy, Lookups
 from .law import TargetLaw
 from .sampling import SamplingParams, Uniforms
 
@@ -22,7 +21,7 @@ class Row:
     prompt: list[int]
     drafter: Drafter | None
     params: SamplingParams
-    gamma: int | AutoGamma  # a shared AutoGamma is asked once per iteration for all its rows
+    gamma: int | GammaPolicy  # a shared policy is asked once per iteration for all its rows
     max_new_tokens: int
     generator: torch.Generator | None
     stats: Stats = field(default_factory=Stats)
@@ -59,4 +58,4 @@ class Draft(NamedTuple):
     forced: int  # how many lead ids are grammar-forced
     match: int  # copying drafters: the match length behind the proposal (auto γ's evidence)
     seconds: float  # time spent drafting
-    kind: object = None  # copying drafters: (source, sampled) of the copy (costmodel.Acceptance.of)
+    kind: object = None  # copying drafters: (source, sampled) of the copy (acceptance.Acceptance.of)

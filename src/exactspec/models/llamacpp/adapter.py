@@ -49,7 +49,7 @@ stream (kv_unified off; llama.cpp then splits n_ctx evenly, so n_ctx is rows x t
 One llama_decode carries every row's tokens (row-major, as many columns as fit n_batch), each row only
 its own (`forward_ragged`: a row with no drafts scores one token, not the widest row's width: the
 adapter is `ragged`, and auto γ prices an iteration by the passes llama.cpp splits it into,
-costmodel.passes); rows roll back with
+costs.passes); rows roll back with
 llama_memory_seq_rm(b, length, -1). A row's cells are laid out as they would be alone: its own
 stream, filled from its first cell (in a unified cache, rows' cells interleave and freed cells are
 reused out of order, which changes the order attention sums a row's keys in). Rows that change sequence

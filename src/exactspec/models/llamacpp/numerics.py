@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from ... import progress
-from ...cachedir import cache_dir, file_identity, machine_key, measured_once, write_atomic
+from ...cachedir import cache_dir, file_identity, machine_key, measured_once, provisional, write_atomic
 
 VERSION = 12  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
@@ -96,9 +96,13 @@ class Verdict:
     step_ms: float  # its one-token step (mean of the medians near the start and at MEASURED tokens)
     prefill_tok_s: float = 0.0  # its prefill speed for a PROMPT-token prompt (from a MEASURED-token one)
     cached: bool = False
+    provisional: str | None = None  # why the ranking is provisional: measured on a busy machine (cachedir)
 
     def describe(self, threads: int) -> str:
         how = self.setting.describe(threads)
+        if self.provisional:
+            how += (f"; PROVISIONAL: timed while {self.provisional}, measured again at the next quiet start"
+                    " or by `exactspec tune`")
         if not self.exact:
             return f"by tolerance (llama.cpp's blocks differ from one-token steps by up to {self.max_diff:.3g} here; {how})"
         return f"bit-exact (self-test: blocks equal one-token steps; {how})"
@@ -192,8 +196,11 @@ def choose(make, threads: int, key: str) -> Verdict:
     """The verdict for a model: from the cache under `key`, or by trying each candidate; `make(setting)`
     builds an adapter with that setting (the caller's, with `set_single_threads` applied)."""
     path = cache_dir("llamacpp-numerics") / f"{key}.json"
-    return measured_once(path, lambda: _cached_verdict(path), lambda: _measure_verdict(make, threads),
-                         lambda v: write_atomic(path, json.dumps({k: x for k, x in asdict(v).items() if k != "cached"})))
+    verdict = measured_once(path, lambda: _cached_verdict(path), lambda: _measure_verdict(make, threads),
+                            lambda v: write_atomic(path, json.dumps({k: x for k, x in asdict(v).items()
+                                                                     if k not in ("cached", "provisional")})),
+                            timed=threads)
+    return replace(verdict, provisional=provisional(path))
 
 
 def _cached_verdict(path) -> Verdict | None:
@@ -320,7 +327,7 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
                      rows: int = 1, **llama_kwargs):
     """A `LlamaCppLM` over `path` under the setting this self-test chose for the machine and file (its
     `identity` says which, and what greedy identity rests on; its `cost_key` keys auto γ's cached T(k),
-    drafting.target_costs). `llama_kwargs` go to the adapter; a cache type or n_ubatch among them
+    measure.target_costs). `llama_kwargs` go to the adapter; a cache type or n_ubatch among them
     overrides the candidates' (only their threads then differ). Its prefix cache keeps generated KV
     where one-token steps write the cells a prefill writes (`steps_write_prefill_kv`). `rows` > 1: a context for that many
     batched rows, kept batched only if a row scored beside others equals it scored alone, bit for bit
