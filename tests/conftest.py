@@ -24,6 +24,10 @@ os.environ.setdefault("EXACTSPEC_CACHE", os.path.join(os.path.dirname(os.path.di
 # found the machine quiet for a moment would time them again, beside whatever the suite runs next: the
 # suite keeps them as first measured (tests of the re-measuring set their own attempts).
 os.environ.setdefault("EXACTSPEC_REMEASURE_ATTEMPTS", "0")
+# `serve` and `batch` keep prefix-cache snapshots on disk by default; servers started by tests would find
+# earlier tests' snapshots (a first request reusing a prompt it never sent). Tests of the disk cache give
+# their own folder.
+os.environ.setdefault("EXACTSPEC_PREFIX_CACHE_DIR", "none")
 
 import pytest
 import torch

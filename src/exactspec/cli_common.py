@@ -74,6 +74,42 @@ def add_backend_arg(p: argparse.ArgumentParser) -> None:
                         "one line saying why when llama.cpp cannot load the file); torch; or llama.cpp (GGUF only)")
 
 
+PREFIX_DISK_MB = 2048  # prefix_store.PREFIX_DISK_MB (not imported: the CLIs answer --help without the package)
+
+
+def add_prefix_cache_args(p: argparse.ArgumentParser, kept: str) -> None:
+    """The prefix cache's options (`serve`, `batch`); `kept`: what it keeps, in the help's words."""
+    p.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
+                   help=f"keep the KV cache of {kept} in up to MIB MiB of memory and prefill only what a new "
+                        "request adds to the longest cached prefix (LRU; default 1024; 0 = off). Outputs are "
+                        "identical with and without it")
+    p.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off, in memory and on disk")
+    p.add_argument("--prefix-cache-dir", metavar="DIR", default=None,
+                   help="also keep those KV snapshots on disk here, so that a restart (an upgrade, a crash) "
+                        "finds them again: a long system prompt is not prefilled cold after it (default: "
+                        "$EXACTSPEC_PREFIX_CACHE_DIR, else prefix-cache/ in exactspec's cache folder; 'none' = "
+                        "memory only). Keyed by the model file, the engine build and its settings; several "
+                        "servers may share it")
+    p.add_argument("--prefix-cache-disk-mb", type=float, default=PREFIX_DISK_MB, metavar="MIB",
+                   help=f"most MiB the disk folder holds, least recently used removed first (default {PREFIX_DISK_MB})")
+
+
+def prefix_cache_kwargs(args: argparse.Namespace) -> dict:
+    """`engine.load`'s prefix-cache keywords from `add_prefix_cache_args`'s options, checked."""
+    from .cachedir import cache_dir
+
+    if args.prefix_cache_mb < 0:
+        raise ExactSpecError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    if args.prefix_cache_disk_mb <= 0:
+        raise ExactSpecError(f"--prefix-cache-disk-mb must be > 0, got {args.prefix_cache_disk_mb} (--prefix-cache-dir "
+                             "none keeps the cache in memory only)")
+    folder = args.prefix_cache_dir or os.environ.get("EXACTSPEC_PREFIX_CACHE_DIR") or str(cache_dir("prefix-cache"))
+    off = args.no_prefix_cache or args.prefix_cache_mb == 0
+    return dict(prefix_cache_mb=0 if off else args.prefix_cache_mb,
+                prefix_cache_dir=None if off or folder.lower() == "none" else os.path.abspath(folder),
+                prefix_cache_disk_mb=args.prefix_cache_disk_mb)
+
+
 def check_model_paths(args: argparse.Namespace) -> None:
     """Refuse a missing target or an unknown draft before anything slow is imported, loaded or started
     (a Ray replica that cannot load retries forever)."""
@@ -119,4 +155,5 @@ def warm_up(engine: "Engine") -> None:
                  "T(k)/T(1) for k = 2..%d: %s", time.perf_counter() - t0, costs[0] * 1e3, len(costs),
                  " ".join(f"{c / costs[0]:.2f}" for c in costs[1:]))
     cache = engine.prefix_cache
-    log.info("prefix cache: %s", f"{cache.budget / 2**20:.0f} MiB" if cache is not None else "off")
+    disk = "" if cache is None or cache.spill is None else f"; on disk: {cache.spill.describe()}"
+    log.info("prefix cache: %s%s", f"{cache.budget / 2**20:.0f} MiB" if cache is not None else "off", disk)

@@ -11,6 +11,7 @@ loading.py, drafters and γ policies in drafting.py, requests and results in gen
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -26,9 +27,10 @@ from .generation import (GenerationResult, LawSpec, Request, law_spec, release, 
 from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
 from .models.light_tokenizer import llg_tokenizer
 from .models.seq2seq import Seq2SeqLM
-from .speculative.costs import MAX_AUTO_GAMMA, CostModel
+from .prefix_store import PREFIX_DISK_MB, DiskPrefixStore
 from .speculative.auto_gamma import AutoGamma
-from .speculative.interfaces import CausalLM, Drafter, PrefixSnapshots, RowContexts
+from .speculative.costs import MAX_AUTO_GAMMA, CostModel
+from .speculative.interfaces import CausalLM, Drafter, PersistentPrefix, PrefixSnapshots, RowContexts
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row
 from .speculative.params import DRAFT_NAMES, PREFILL_CHUNK, check_gamma
@@ -68,14 +70,22 @@ class Engine:
         cost = f"KV cache {kv / 2**30:.2f} GiB, allocated" if kv else "KV cache grows as used"
         return f"context {self.target.max_length} tokens per row x {rows} row{'s' * (rows > 1)} ({cost})"
 
-    def set_prefix_cache(self, budget_mb: float | None) -> None:
+    def set_prefix_cache(self, budget_mb: float | None, disk: str | os.PathLike | None = None,
+                         disk_mb: float = PREFIX_DISK_MB) -> None:
         """Keep the KV of recent sequences across requests, reusing the longest cached prompt prefix
         (see speculative/prefix_cache.py), in at most `budget_mb` MiB; None or 0 turns it off. Targets
-        that cannot snapshot their KV (the transformers adapter) ignore it."""
+        that cannot snapshot their KV (the transformers adapter) ignore it. `disk`: a folder where the
+        snapshots also go, in at most `disk_mb` MiB, and are found again after a restart
+        (prefix_store.py; targets whose snapshots cannot leave the process ignore it)."""
         if budget_mb is not None and budget_mb < 0:
             raise ExactSpecError(f"the prefix cache budget must be >= 0 MiB, got {budget_mb}")
+        if disk is not None and disk_mb <= 0:
+            raise ExactSpecError(f"the disk prefix cache budget must be > 0 MiB, got {disk_mb}")
         if isinstance(self.target, PrefixSnapshots):
-            self.target.prefix_cache = PrefixCache(budget_mb) if budget_mb else None
+            spill = None
+            if budget_mb and disk is not None and isinstance(self.target, PersistentPrefix) and self.target.persist_key:
+                spill = DiskPrefixStore(disk, self.target.persist_key, disk_mb)
+            self.target.prefix_cache = PrefixCache(budget_mb, spill=spill) if budget_mb else None
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -225,14 +235,16 @@ class Engine:
 def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | str = "auto", chat_template: bool = True,
          dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "auto",
          prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB, rows: int = 1,
-         ctx_size: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK) -> Engine:
+         ctx_size: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK,
+         prefix_cache_dir: str | os.PathLike | None = None, prefix_cache_disk_mb: float = PREFIX_DISK_MB) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "suffix" (the context and a store of earlier outputs, `store_mb`
     MiB, 0 = none: drafters/suffix.py), "bigram", "unigram", "auto", "none", or a draft model's path
     (an encoder-decoder target, T5 / BART, needs one, same vocabulary). `gamma`: drafts per target
     call, or "auto" (chosen from measured costs). `backend`: "auto" (llama.cpp for a GGUF target on the
     CPU, else torch: `loading.choose_backend`), "torch" or "llama.cpp". `prefix_cache_mb`: KV of recent
-    sequences kept across requests (0 = off). `device`: "auto" (a CUDA GPU when visible, else the CPU),
+    sequences kept across requests (0 = off); `prefix_cache_dir`: a folder where they also go (in at most
+    `prefix_cache_disk_mb` MiB) and survive a restart (None: memory only). `device`: "auto" (a CUDA GPU when visible, else the CPU),
     "cpu", "cuda[:N]"; `dtype`: "auto" (bf16 on a GPU; on a CPU
     the fastest layout that passes a bit-equality self-test on this model, cached per machine and
     model: models/layouts.py) or a dtype: see `engine.device`, `.dtype`, `.layout`, `.hardware`. `rows`:
@@ -244,7 +256,7 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
     prompts; outputs are the same either way, batching.py)."""
     loaded = load_models(target, draft, dtype, threads, fast, backend, device, rows, ctx_size)
     engine = _engine(loaded, check_gamma(gamma), chat_template)
-    engine.set_prefix_cache(prefix_cache_mb)
+    engine.set_prefix_cache(prefix_cache_mb, prefix_cache_dir, prefix_cache_disk_mb)
     engine.drafts.set_store(store_mb)
     engine.prefill_chunk = prefill_chunk or None
     return engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_common import check_model_paths
+from ..cli_common import check_model_paths, prefix_cache_kwargs
 from ..errors import ExactSpecError
 
 
@@ -52,8 +52,8 @@ def load_kwargs(args: argparse.Namespace) -> dict:
         kwargs["prefill_chunk"] = args.prefill_chunk
     if hasattr(args, "store_mb"):  # every replica (and batch worker) keeps its own store
         kwargs["store_mb"] = args.store_mb
-    if hasattr(args, "prefix_cache_mb"):  # serve's: every replica keeps its own prefix cache
-        kwargs["prefix_cache_mb"] = 0 if args.no_prefix_cache else args.prefix_cache_mb
+    if hasattr(args, "prefix_cache_mb"):  # every replica keeps its own prefix cache (sharing the disk folder)
+        kwargs.update(prefix_cache_kwargs(args))
     rows = getattr(args, "max_rows", None) or getattr(args, "batch_size", None)
     if rows:  # a llama.cpp target's context holds the rows a replica (or batch worker) decodes together
         kwargs["rows"] = rows
@@ -88,7 +88,7 @@ def serve_on_ray(args: argparse.Namespace, model_name: str) -> int:
 
 
 def add_batch_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..cli_common import add_model_args
+    from ..cli_common import add_model_args, add_prefix_cache_args
 
     p = subparsers.add_parser(
         "batch", help="generate for every line of a JSON-lines file (in-process or on Ray Data)",
@@ -104,10 +104,7 @@ def add_batch_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
                    help="token budget for lines that set no max_tokens (default 256)")
     add_model_args(p)
-    p.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
-                   help="keep the KV of finished lines (prompt + answer) in up to MIB MiB: lines sharing a prefix "
-                        "(a system prompt, few-shot examples) prefill only the rest (default 1024; 0 = off)")
-    p.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off")
+    add_prefix_cache_args(p, "finished lines (prompt + answer): lines sharing a prefix (a system prompt, few-shot examples)")
     g = p.add_argument_group("scale out on Ray Data (needs: pip install 'exactspec[ray]')")
     g.add_argument("--replicas", type=int, default=None, metavar="N",
                    help="run on Ray Data with N engine workers (default: in this process, no Ray)")
@@ -126,15 +123,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
             raise ExactSpecError(f"{flag} must be >= 1, got {value}")
     if args.replicas is not None and args.replicas < 1:
         raise ExactSpecError(f"--replicas must be >= 1, got {args.replicas}")
-    if args.prefix_cache_mb < 0:
-        raise ExactSpecError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    prefix_cache_kwargs(args)
     if args.cpus_per_worker <= 0:
         raise ExactSpecError(f"--cpus-per-worker must be > 0, got {args.cpus_per_worker}")
     lines = list(batch.read_lines(args.input))
     if args.replicas is None:
         from ..cli_common import load_engine
 
-        engine = load_engine(args, prefix_cache_mb=load_kwargs(args)["prefix_cache_mb"], rows=args.batch_size)
+        engine = load_engine(args, **prefix_cache_kwargs(args), rows=args.batch_size)
         outputs = batch.run_local(engine, lines, args.batch_size, args.max_tokens)
     else:
         from . import init_ray

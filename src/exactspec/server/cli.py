@@ -13,7 +13,7 @@ from ..speculative.params import PREFILL_CHUNK
 
 def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `serve` on the CLI's subparsers; its handler is `args.func`."""
-    from ..cli_common import add_model_args  # the same model options that `load_engine` reads
+    from ..cli_common import add_model_args, add_prefix_cache_args  # the model options `load_engine` reads
 
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
@@ -26,11 +26,7 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     p.add_argument("--max-rows", type=int, default=16, metavar="N",
                    help="most samples decoded together in one batch (default 16; 1 = one at a time)")
-    p.add_argument("--prefix-cache-mb", type=float, default=1024, metavar="MIB",
-                   help="keep the KV cache of recent conversations (prompt + answer) in up to MIB MiB and "
-                        "prefill only what a new request adds to the longest cached prefix (LRU; default "
-                        "1024; 0 = off). Outputs are identical with and without it")
-    p.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off (--prefix-cache-mb 0)")
+    add_prefix_cache_args(p, "recent conversations (prompt + answer)")
     p.add_argument("--max-tokens-default", type=int, default=2048, metavar="N",
                    help="token budget of a request that gives no max_tokens (default 2048; 0 = the rest of the "
                         "context); reported by /v1/models")
@@ -53,7 +49,7 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, load the engine, then serve until interrupted."""
-    from ..cli_common import load_engine, warm_up
+    from ..cli_common import load_engine, prefix_cache_kwargs, warm_up
 
     check_serve_args(args)
     import uvicorn
@@ -64,8 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
 
-    engine = load_engine(args, prefix_cache_mb=0 if args.no_prefix_cache else args.prefix_cache_mb, rows=args.max_rows,
-                         prefill_chunk=args.prefill_chunk)
+    engine = load_engine(args, **prefix_cache_kwargs(args), rows=args.max_rows, prefill_chunk=args.prefill_chunk)
     warm_up(engine)  # before uvicorn starts: /health answers only once the engine is ready
     from .families import tool_format
 
@@ -95,8 +90,9 @@ def check_serve_args(args: argparse.Namespace) -> None:
         raise ExactSpecError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
     if args.max_tokens_default < 0:
         raise ExactSpecError(f"--max-tokens-default must be >= 0, got {args.max_tokens_default}")
-    if args.prefix_cache_mb < 0:
-        raise ExactSpecError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    from ..cli_common import prefix_cache_kwargs
+
+    prefix_cache_kwargs(args)
     try:  # imported here only to refuse a missing extra now, before the slow load
         import uvicorn  # noqa: F401
 

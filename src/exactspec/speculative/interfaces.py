@@ -11,7 +11,7 @@ special case in the loop. `batched` says which kind an adapter is (batching.py d
 requests one after another); models/fast_llama.py and a llama.cpp context of several rows are batched.
 
 Optional capabilities are named protocols below: an adapter's (`ArgmaxSteps`, `RowContexts`,
-`SavedCache`, `PrefixSnapshots`, `ReusablePrefix`) and a drafter's (`Copies`, `Lookups`, `Finishing`),
+`SavedCache`, `PrefixSnapshots`, `PersistentPrefix`, `ReusablePrefix`) and a drafter's (`Copies`, `Lookups`, `Finishing`),
 each checked by `isinstance` where a decoder, an engine or a proposal takes the object in, never probed
 by an attribute's name: a new backend's (or drafter's) author implements `CausalLM` (`Drafter`) and
 whichever of them it can, and the loop's paths say which they need.
@@ -203,6 +203,44 @@ class PrefixSnapshots(Protocol):
     def restore_prefix(self, state: object, length: int) -> None:
         """A one-row cache holding state's first `length` positions."""
         ...
+
+
+@runtime_checkable
+class PersistentPrefix(Protocol):
+    """Snapshots that may leave the process (the prefix cache's disk store, `PrefixSpill`, keeps them across
+    restarts): a state as bytes and back. `persist_key` names everything the bytes' meaning depends on (the
+    model file, the engine build, the self-test's setting, the context's settings); None: not persistable."""
+
+    persist_key: str | None
+
+    def state_bytes(self, state: object) -> bytes:
+        """A `snapshot_prefix` state as bytes (safe to call from another thread: the state is not changed)."""
+        ...
+
+    def state_from_bytes(self, ids: list[int], data: bytes) -> object:
+        """The state `state_bytes` gave for a snapshot of `ids` (ExactSpecError if the bytes do not fit them)."""
+        ...
+
+
+class PrefixSpill(Protocol):
+    """Where the prefix cache keeps snapshots beyond its memory, across restarts (exactspec.prefix_store):
+    keyed by tokens; it returns only bytes it verified."""
+
+    def longest(self, ids: list[int]) -> int:
+        """The longest prefix of `ids` a kept entry holds (0: none)."""
+
+    def load(self, ids: list[int]) -> tuple[list[int], bytes] | None:
+        """(the tokens, the bytes) of the entry sharing the longest prefix with `ids`; None if it is gone
+        or unreadable."""
+
+    def keep(self, ids: list[int], data) -> None:
+        """Keep the snapshot of `ids` whose bytes `data()` gives (called later, off the caller's thread)."""
+
+    def flush(self) -> None:
+        """Return once every snapshot kept so far is written (a server's shutdown waits for it)."""
+
+    def describe(self) -> str:
+        """What it holds, where (the start-up line)."""
 
 
 @runtime_checkable

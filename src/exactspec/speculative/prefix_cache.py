@@ -19,6 +19,12 @@ Adapters opt in with two methods and an attribute (consulted on prefill, see `pr
     prefix_cache: PrefixCache | None
 and, where a prefill's numerics depend on the prompt it is part of (llama.cpp's TILED PREFILL),
     reusable(common, state, ids) -> int                 # how much of a match computed alike may be reused
+
+Across restarts: with a `spill` (exactspec.prefix_store, on disk) every snapshot kept is also handed to
+it, and a lookup whose longest prefix the spill holds longer than memory brings that snapshot back
+first; an adapter opts in with `PersistentPrefix` (its states as bytes, under a key naming what they
+depend on). The bytes restored are the bytes snapshotted, and `reusable` applies to them as to any
+entry: a restored prefix is what a cold prefill computes.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .interfaces import PrefixSnapshots, ReusablePrefix
+from ..errors import ExactSpecError
+from .interfaces import PersistentPrefix, PrefixSnapshots, PrefixSpill, ReusablePrefix
 
 
 @dataclass(eq=False)
@@ -59,10 +66,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class PrefixCache:
     """LRU cache of KV snapshots keyed by token sequence, bounded to `budget_mb` MiB."""
 
-    def __init__(self, budget_mb: float = 512.0, min_tokens: int = 1) -> None:
+    def __init__(self, budget_mb: float = 512.0, min_tokens: int = 1, spill: PrefixSpill | None = None) -> None:
         if budget_mb < 0:
             raise ValueError(f"prefix cache budget must be >= 0 MiB, got {budget_mb}")
         self.budget = int(budget_mb * 2**20)
+        self.spill = spill  # where snapshots also go, and are looked for on a miss (across restarts)
         self.min_tokens = min_tokens  # shorter matches are not worth a restore
         self.entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
         self.used = 0
@@ -70,6 +78,7 @@ class PrefixCache:
         self._lock = threading.Lock()  # the bench and tests may share one cache between engines
         # counters (what /metrics and the bench report)
         self.lookups = self.hits = self.reused_tokens = self.prefilled_tokens = self.evictions = 0
+        self.restored = 0  # snapshots brought back from the spill (disk)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -94,6 +103,8 @@ class PrefixCache:
     def restore(self, target, ids: list[int]) -> int:
         """Leave `target` as a one-row cache holding the longest cached prefix of `ids` (empty if none),
         the rest for the caller to prefill (at once, or in chunks). Returns that prefix's length."""
+        if self.spill is not None and isinstance(target, PersistentPrefix) and target.persist_key:
+            self._unspill(target, ids)
         with self._lock:
             self.lookups += 1
             key, n = self.match(ids)
@@ -114,6 +125,27 @@ class PrefixCache:
             target.reset()
         return n
 
+    def _unspill(self, target: PersistentPrefix, ids: list[int]) -> None:
+        """Bring the spill's longest prefix of `ids` into memory when it is longer than memory's (a
+        snapshot of an earlier process). Bytes that do not make a state are skipped (prefilled instead)."""
+        with self._lock:
+            _, n = self.match(ids)
+        if self.spill.longest(ids) <= n:
+            return
+        found = self.spill.load(ids)
+        if found is None:
+            return
+        held, data = found
+        if len(data) > self.budget:
+            return
+        try:
+            state = target.state_from_bytes(held, data)
+        except ExactSpecError:
+            return
+        with self._lock:
+            self._add(held, state, len(data))
+            self.restored += 1
+
     def save(self, target, ids: list[int], row: int = 0) -> None:
         """Keep a copy of `target`'s KV for `ids` (its row `row` holds them at positions [0, len(ids))).
         Entries that are a prefix of `ids` are superseded and dropped; nothing is copied when `ids` is a
@@ -129,15 +161,21 @@ class PrefixCache:
                 if n == len(entry.ids):
                     self._drop(key)
         state, nbytes = target.snapshot_prefix(len(ids), row)
+        if self.spill is not None and isinstance(target, PersistentPrefix) and target.persist_key:
+            self.spill.keep(ids, lambda: target.state_bytes(state))
         if nbytes > self.budget:
             return
         with self._lock:
-            self.entries[self._next_key] = Entry(list(ids), state, nbytes)
-            self._next_key += 1
-            self.used += nbytes
-            while self.used > self.budget:
-                self._drop(next(iter(self.entries)))
-                self.evictions += 1
+            self._add(ids, state, nbytes)
+
+    def _add(self, ids: list[int], state: object, nbytes: int) -> None:
+        """Keep a snapshot (under the lock), least recently used entries evicted past the budget."""
+        self.entries[self._next_key] = Entry(list(ids), state, nbytes)
+        self._next_key += 1
+        self.used += nbytes
+        while self.used > self.budget:
+            self._drop(next(iter(self.entries)))
+            self.evictions += 1
 
     def _drop(self, key: int) -> None:
         self.used -= self.entries.pop(key).nbytes

@@ -105,6 +105,7 @@ class LlamaCppLM:
         self.single_threads = self.threads  # one-token steps (llamacpp/numerics.py may lower it at load)
         self.identity = "not self-tested at load"  # what greedy identity rests on (llamacpp/numerics.py)
         self.cost_key: str | None = None  # keys auto γ's cached T(k) (numerics.load_self_tested)
+        self.persist_key: str | None = None  # keys its prefix snapshots on disk (numerics.load_self_tested)
         want = n_ctx or default_context(path, rows)
         if want < 2:
             raise ExactSpecError(f"the context must hold at least 2 tokens, got {want}")
@@ -349,6 +350,19 @@ class LlamaCppLM:
         self.reset()
         self._restore(0, state, length)
 
+    def state_bytes(self, state: Cells) -> bytes:
+        """A snapshot as bytes: its kinds' count (4 bytes, little-endian), the kinds, llama.cpp's sequence
+        state as it wrote it."""
+        return len(state.kinds).to_bytes(4, "little") + state.kinds + bytes(state.buf)
+
+    def state_from_bytes(self, ids: list[int], data: bytes) -> Cells:
+        """The snapshot of `ids` that `state_bytes` gave."""
+        n = int.from_bytes(data[:4], "little") if len(data) >= 4 else -1
+        if n != len(ids) or len(data) < 4 + n:
+            raise ExactSpecError(f"a saved KV state for {len(ids)} tokens holds {n} kernel kinds")
+        buf = (ctypes.c_uint8 * (len(data) - 4 - n)).from_buffer_copy(data, 4 + n)
+        return Cells(buf, list(ids), bytes(data[4:4 + n]))
+
     def _restore(self, seq: int, state: Cells, length: int) -> None:
         self._set_state(seq, state)
         self._truncate(seq, length)
@@ -559,6 +573,16 @@ class _Row:
 
     def reusable(self, common: int, state: Cells, ids: list[int]) -> int:
         return self.lm.reusable(common, state, ids)
+
+    @property
+    def persist_key(self) -> str | None:
+        return self.lm.persist_key
+
+    def state_bytes(self, state: Cells) -> bytes:
+        return self.lm.state_bytes(state)
+
+    def state_from_bytes(self, ids: list[int], data: bytes) -> Cells:
+        return self.lm.state_from_bytes(ids, data)
 
 
 def load_llama_cpp(path: str, n_ctx: int | None = None, threads: int | None = None,

@@ -361,4 +361,7 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     # T(k) depends on the build and the setting (a pad is a second token per step), not only the context's
     lm.cost_key = (f"llama.cpp|{import_llama_cpp().__version__}|{file}|{repack}|{json.dumps(verdict.setting.llama_kwargs(), sort_keys=True)}"
                    f"|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}")
+    # its snapshots' bytes depend on the same (the cache types, the build that wrote them) and on the state
+    # format (adapter.state_bytes), and mean the same only with the tile rule that `kinds` records
+    lm.persist_key = f"kv1|{lm.cost_key}|tile={lm.prefill_tile}"
     return lm
