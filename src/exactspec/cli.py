@@ -158,6 +158,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ExactSpecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     args.gamma = check_gamma(args.gamma)
+    if args.no_chat_template and args.chat_template:
+        raise ExactSpecError("--no-chat-template and --chat-template contradict each other: pass one")
     engine = load_engine(args, chat_template=not args.no_chat_template)
     common = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, **sampling)
 

@@ -47,6 +47,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="context of each row in tokens, prompt and output together (default: the model's "
                         "training context; on llama.cpp as much of it as a quarter of the free memory holds "
                         "for every row's KV cache, at least 4096). A longer prompt is refused naming both")
+    p.add_argument("--chat-template", metavar="NAME|FILE", default=None,
+                   help="render chat messages with this template instead of the model's (a GGUF may have none: "
+                        "chat requests are then refused): a Jinja file, or a built-in: chatml, llama3")
     add_backend_arg(p)
     add_verbose_arg(p)
 
@@ -128,6 +131,11 @@ def load_engine(args: argparse.Namespace, **kwargs) -> "Engine":
     imported = time.perf_counter()
     kwargs.setdefault("store_mb", getattr(args, "store_mb", STORE_MB))
     kwargs.setdefault("ctx_size", getattr(args, "ctx_size", None))
+    kwargs.setdefault("template", getattr(args, "chat_template", None))
+    if kwargs["template"] is not None:
+        from .chat_templates import read_template
+
+        read_template(kwargs["template"])  # a wrong name or file is refused before the slow load
     engine = load(args.target, args.draft, args.gamma, threads=args.threads, backend=args.backend,
                   device=args.device, dtype=args.dtype, **kwargs)
     if getattr(args, "verbose", False):

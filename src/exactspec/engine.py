@@ -19,6 +19,7 @@ import torch
 
 from .batching import Job, run_jobs
 from .chat_prompt import encode_prompt
+from .chat_templates import read_template
 from .drafters.auto import DraftBandit
 from .drafting import STORE_MB, Drafting
 from .errors import ExactSpecError
@@ -51,6 +52,7 @@ class Engine:
         self.gamma = check_gamma(gamma)
         self.draft_model = draft_model
         self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
+        self.template_source = "the model's" if getattr(tokenizer, "chat_template", None) else "none"
         self.drafts = Drafting(target, draft_model, prior_alpha)  # drafters, and what auto γ / auto draft learn
         self.hardware = "device cpu"  # `load` names device, dtype and the CPU flags behind the choice
         self.device, self.dtype = "cpu", "float32"  # where and in which dtype the target computes
@@ -60,8 +62,16 @@ class Engine:
         self.prefill_chunk: int | None = PREFILL_CHUNK  # joining prompts' tokens per iteration (batching.py)
 
     def runtime(self) -> dict:
-        """Device, dtype, what greedy identity rests on, hardware (see `loading.runtime`)."""
-        return runtime(self.device, self.dtype, self.layout, self.hardware, self.target.identity)
+        """Device, dtype, what greedy identity rests on, hardware (see `loading.runtime`), and where the
+        chat template came from."""
+        return {**runtime(self.device, self.dtype, self.layout, self.hardware, self.target.identity),
+                "chat_template": self.template_source}
+
+    def set_chat_template(self, template: str, source: str) -> None:
+        """Render chat messages with this Jinja `template` (instead of the model's, or where it has none);
+        `source` says where it came from (`chat_templates.read_template`)."""
+        self.tokenizer.chat_template = template
+        self.chat_template, self.template_source = True, source
 
     def context_line(self) -> str:
         """`context 8192 tokens per row x 16 rows (KV cache 2.8 GiB)`: what --ctx-size gave, and its cost."""
@@ -236,7 +246,8 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
          dtype: str | torch.dtype = "auto", threads: int | None = None, fast: bool = True, backend: str = "auto",
          prefix_cache_mb: float = 0, device: str = "auto", store_mb: float = STORE_MB, rows: int = 1,
          ctx_size: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK,
-         prefix_cache_dir: str | os.PathLike | None = None, prefix_cache_disk_mb: float = PREFIX_DISK_MB) -> Engine:
+         prefix_cache_dir: str | os.PathLike | None = None, prefix_cache_disk_mb: float = PREFIX_DISK_MB,
+         template: str | None = None) -> Engine:
     """Load a local target checkpoint (directory or .gguf; default: the embedded SmolLM2-135M-Instruct)
     and a drafter: "prompt-lookup", "suffix" (the context and a store of earlier outputs, `store_mb`
     MiB, 0 = none: drafters/suffix.py), "bigram", "unigram", "auto", "none", or a draft model's path
@@ -244,7 +255,8 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
     call, or "auto" (chosen from measured costs). `backend`: "auto" (llama.cpp for a GGUF target on the
     CPU, else torch: `loading.choose_backend`), "torch" or "llama.cpp". `prefix_cache_mb`: KV of recent
     sequences kept across requests (0 = off); `prefix_cache_dir`: a folder where they also go (in at most
-    `prefix_cache_disk_mb` MiB) and survive a restart (None: memory only). `device`: "auto" (a CUDA GPU when visible, else the CPU),
+    `prefix_cache_disk_mb` MiB) and survive a restart (None: memory only). `template`: a chat template to
+    use instead of the model's (a Jinja file's path, or a built-in: "chatml", "llama3"). `device`: "auto" (a CUDA GPU when visible, else the CPU),
     "cpu", "cuda[:N]"; `dtype`: "auto" (bf16 on a GPU; on a CPU
     the fastest layout that passes a bit-equality self-test on this model, cached per machine and
     model: models/layouts.py) or a dtype: see `engine.device`, `.dtype`, `.layout`, `.hardware`. `rows`:
@@ -256,6 +268,8 @@ def load(target: str | None = None, draft: str = "prompt-lookup", gamma: int | s
     prompts; outputs are the same either way, batching.py)."""
     loaded = load_models(target, draft, dtype, threads, fast, backend, device, rows, ctx_size)
     engine = _engine(loaded, check_gamma(gamma), chat_template)
+    if template is not None:
+        engine.set_chat_template(*read_template(template))
     engine.set_prefix_cache(prefix_cache_mb, prefix_cache_dir, prefix_cache_disk_mb)
     engine.drafts.set_store(store_mb)
     engine.prefill_chunk = prefill_chunk or None

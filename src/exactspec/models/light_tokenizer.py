@@ -112,12 +112,13 @@ class LightTokenizer:
     def apply_chat_template(self, messages: list[dict], tokenize: bool = False, add_generation_prompt: bool = False,
                             **kwargs):
         """The chat rendered as transformers renders it (same jinja settings and helpers)."""
-        if not self.chat_template:
+        template = kwargs.pop("chat_template", None) or self.chat_template
+        if not template:
             raise ValueError("this tokenizer has no chat template")
-        if self._template is None:
-            self._template = _compile(self.chat_template)
+        if self._template is None or self._template[0] != template:  # compiled once per template text
+            self._template = (template, _compile(template))
         context = {"tools": None, "documents": None, **{name: getattr(self, name) for name in _SPECIAL}, **kwargs}
-        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **context)
+        text = self._template[1].render(messages=messages, add_generation_prompt=add_generation_prompt, **context)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 

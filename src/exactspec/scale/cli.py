@@ -48,6 +48,8 @@ def load_kwargs(args: argparse.Namespace) -> dict:
     kwargs = dict(target=target, draft=draft, gamma=args.gamma, threads=args.threads, backend=args.backend)
     if getattr(args, "ctx_size", None):
         kwargs["ctx_size"] = args.ctx_size
+    if getattr(args, "chat_template", None):  # absolute: workers start in other directories
+        kwargs["template"] = os.path.abspath(args.chat_template) if os.path.isfile(args.chat_template) else args.chat_template
     if hasattr(args, "prefill_chunk"):  # serve's
         kwargs["prefill_chunk"] = args.prefill_chunk
     if hasattr(args, "store_mb"):  # every replica (and batch worker) keeps its own store

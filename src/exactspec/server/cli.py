@@ -65,7 +65,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .families import tool_format
 
     tools = tool_format(getattr(engine.tokenizer, "chat_template", None))
-    print(f"exactspec: serving on {engine.hardware}; {engine.context_line()}; tools in the {tools} format; "
+    template = (f"chat template {engine.template_source}" if engine.template_source != "none"
+                else "no chat template (chat requests are refused: --chat-template NAME|FILE gives one)")
+    print(f"exactspec: serving on {engine.hardware}; {engine.context_line()}; {template}; tools in the {tools} format; "
           f"greedy identity {engine.runtime()['greedy_identity']}; "
           f"{'an API key is required' if api_key else 'no API key'}", file=sys.stderr, flush=True)
     if api_key is None and not loopback(args.host):
