@@ -33,6 +33,7 @@ target with itself): `Verdict.describe` names it, and `generate --json` / `/v1/m
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -41,6 +42,7 @@ import torch
 
 from ... import progress
 from ...cachedir import cache_dir, file_identity, machine_key, measured_once, provisional, write_atomic
+from ...errors import ExactSpecError
 
 VERSION = 12  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
@@ -103,6 +105,9 @@ class Verdict:
         if self.provisional:
             how += (f"; PROVISIONAL: timed while {self.provisional}, measured again at the next quiet start"
                     " or by `exactspec tune`")
+        if not self.exact and math.isinf(self.max_diff):  # not a measured difference: a check that failed
+            return ("by tolerance (a prompt prefilled in two parts differs from one prefill of it here, so a "
+                    f"prefix-cache hit would not be bit-exact: the self-test's prefix check failed; {how})")
         if not self.exact:
             return f"by tolerance (llama.cpp's blocks differ from one-token steps by up to {self.max_diff:.3g} here; {how})"
         return f"bit-exact (self-test: blocks equal one-token steps; {how})"
@@ -215,17 +220,25 @@ def _cached_verdict(path) -> Verdict | None:
 
 def _measure_verdict(make, threads: int) -> Verdict:
     progress.status("choosing llama.cpp's cache type and threads: bit-equality self-test (once per machine and model)")
-    trials = []
+    trials, unavailable = [], []
     with progress.timed("llama.cpp numerics self-test"):
         for setting in CANDIDATES:
             if setting.single_threads >= threads:
                 continue  # the same as an all-threads candidate
             if any(t[0] == replace(setting, pad=False) and t[1] == 0.0 for t in trials):
                 continue  # its unpadded twin is bit-exact: the pad would only cost
-            lm = make(setting)
+            try:
+                lm = make(setting)
+            except ExactSpecError as e:  # a cache type this model's shapes cannot hold (q8_0 K: head size % 32)
+                progress.status(f"llama.cpp self-test: {setting.describe(threads)} is not available for this model "
+                                f"({e}); trying the others")
+                unavailable.append(e)
+                continue
             diff, step_ms, prefill_tok_s = trial(lm)
             del lm
             trials.append((setting, diff, step_ms, prefill_tok_s))
+    if not trials:
+        raise unavailable[0]
     return pick(trials)
 
 
