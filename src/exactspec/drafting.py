@@ -16,7 +16,7 @@ from .drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from .drafters.source import read_source
 from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
-from .measure import measure_drafter, target_costs
+from .measure import measure_drafter, save_refined, target_costs
 from .speculative.acceptance import Acceptance
 from .speculative.auto_gamma import AutoGamma, Probes
 from .speculative.costs import MAX_AUTO_GAMMA, BatchCosts, CostModel, DepthCosts
@@ -28,6 +28,7 @@ from .stats import Stats
 AUTO_ARMS = ("prompt-lookup", "store", "bigram")  # "store" when the engine has one, "model" when it has a draft model
 COPYING = ("prompt-lookup", "suffix", "store", "auto")  # drafters auto γ cuts after a lookup: priced per proposal
 MEASURED_DRAFT_K = 4  # the proposal length `measure_drafter` times
+MIN_REFINED = 32  # iterations that refined T(k) before it is worth persisting (`Drafting.save_costs`)
 
 
 class Drafting:
@@ -41,6 +42,7 @@ class Drafting:
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
+        self._saved_iterations = 0  # refined iterations already persisted (`save_costs`)
         self._depth_costs = DepthCosts()  # T(k) at deeper contexts, refined like _target_costs
         self._batch_costs = BatchCosts()  # T(B, k), refined by batched auto-gamma iterations
         self._costs: dict[str, CostModel] = {}  # per drafter; AutoGamma refines them as it decodes
@@ -116,6 +118,20 @@ class Drafting:
                                            depth=self._depth_costs, copies=draft in COPYING,
                                            draft_s_per_step=MEASURED_DRAFT_K * draft_s)
         return self._costs[draft]
+
+    def save_costs(self, min_iterations: int = MIN_REFINED) -> bool:
+        """Persist T(k) as real iterations have refined it (`measure.save_refined`), once at least
+        `min_iterations` more have been seen since the last save. -> whether it was written."""
+        if self._target_costs is None:
+            return False
+        seen = sum(self._target_observations) + sum(map(sum, self._depth_costs.observations))
+        if seen - self._saved_iterations < min_iterations:
+            return False
+        depths = [self._depth_costs.base, *self._depth_costs.depths]
+        written = save_refined(self.target, depths, [self._target_costs, *self._depth_costs.seconds],
+                               seen - self._saved_iterations)
+        self._saved_iterations = seen
+        return written
 
     def acceptance(self, draft: str) -> Acceptance:
         """What auto γ has learned about a drafter's acceptance (by match length), kept across requests."""

@@ -16,6 +16,7 @@ from .speculative.costs import MAX_AUTO_GAMMA, TARGET_DEPTHS
 from .speculative.interfaces import CausalLM
 
 
+REFINE_BOUND = 2.0  # a persisted refinement stays within this factor of the table as measured
 MEASURED_K = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 33)  # T(k) is measured at these k, interpolated between
 DEEP_K = (1, 2, 4, 8, 16, 33)  # the k measured at the deeper depths (fewer: they cost more)
 DEEP_REPS = 3  # repetitions at the deeper depths
@@ -30,23 +31,10 @@ def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[flo
     read back from the cache when its loader gave the adapter a `cost_key` (a model file, its settings)
     and it was measured on this machine with as many torch threads before: with auto γ the default,
     every CLI start would pay for it again. The decode loop refines T(k) from real iterations either way."""
-    key = target.cost_key
-    if key is None:
+    if target.cost_key is None:
         return measure_depths(target, max_k)
-    path = cache_dir("target-costs") / f"{machine_key(4, key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
-
-    def read() -> tuple[list[int], list[list[float]]] | None:
-        try:
-            entry = json.loads(path.read_text())
-            depths, curves = entry["depths"], entry["target_s"]
-        except (OSError, ValueError, TypeError, KeyError):
-            return None  # absent or unreadable: measured (again)
-        ok = (isinstance(depths, list) and isinstance(curves, list) and len(depths) == len(curves) >= 1
-              and all(isinstance(d, int) and d > 0 for d in depths) and depths == sorted(set(depths))
-              and all(isinstance(c, list) and len(c) == max_k and all(isinstance(t, float) and t > 0 for t in c)
-                      for c in curves))
-        return (depths, curves) if ok else None
-
+    path = costs_path(target, max_k)
+    read = lambda: _read_costs(path, max_k)  # noqa: E731
     costs = measured_once(path, read, lambda: measure_depths(target, max_k),
                           lambda m: write_atomic(path, json.dumps({"depths": m[0], "target_s": m[1]})),
                           timed=torch.get_num_threads())
@@ -55,6 +43,49 @@ def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[flo
         progress.status(f"auto γ's T(k) is PROVISIONAL: timed while {why}; measured again at the next quiet "
                         "start, or by `exactspec tune`")
     return costs
+
+
+def costs_path(target: CausalLM, max_k: int):
+    """The cache entry of a keyed target's T(k) on this machine, with as many torch threads."""
+    return cache_dir("target-costs") / f"{machine_key(4, target.cost_key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
+
+
+def _read_costs(path, max_k: int, field: str = "target_s") -> tuple[list[int], list[list[float]]] | None:
+    """(depths, T(k) at each) of a cache entry (`field`: the table in use, or "measured_s", the table as
+    first measured when real iterations have refined it since); None if absent or malformed."""
+    try:
+        entry = json.loads(path.read_text())
+        depths, curves = entry["depths"], entry.get(field, entry["target_s"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # absent or unreadable: measured (again)
+    ok = (isinstance(depths, list) and isinstance(curves, list) and len(depths) == len(curves) >= 1
+          and all(isinstance(d, int) and d > 0 for d in depths) and depths == sorted(set(depths))
+          and all(isinstance(c, list) and len(c) == max_k and all(isinstance(t, float) and t > 0 for t in c)
+                  for c in curves))
+    return (depths, curves) if ok else None
+
+
+def save_refined(target: CausalLM, depths: list[int], curves: list[list[float]], iterations: int) -> bool:
+    """Write T(k) as real iterations refined it (`curves` at `depths`, K = len of each) back to a keyed
+    target's cache entry, so that the next start begins from it: each value kept within REFINE_BOUND x
+    (either way) of the table as measured, which the entry keeps beside it (a table refined on wrong
+    evidence cannot drift far; a measurement taken on a busy machine heals). False: nothing written (an
+    unkeyed target, or an entry of other depths)."""
+    if target.cost_key is None:
+        return False
+    path, max_k = costs_path(target, len(curves[0])), len(curves[0])
+    measured = _read_costs(path, max_k, "measured_s")
+    if measured is None or measured[0] != depths:
+        return False
+    bounded = [[min(max(t, m / REFINE_BOUND), m * REFINE_BOUND) for t, m in zip(curve, held)]
+               for curve, held in zip(curves, measured[1])]
+    try:
+        before = json.loads(path.read_text()).get("refined_iterations", 0)
+    except (OSError, ValueError, AttributeError):
+        before = 0
+    write_atomic(path, json.dumps({"depths": depths, "target_s": bounded, "measured_s": measured[1],
+                                   "refined_iterations": before + iterations}))
+    return True
 
 
 def measure_depths(target: CausalLM, max_k: int) -> tuple[list[int], list[list[float]]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 
@@ -25,6 +26,8 @@ from ..batching import Delivery, Emit, Entry, Event, Job, Piece, Scheduler
 from ..engine import Engine
 from .metrics import Metrics
 from .offload import start_with_large_stack
+
+SAVE_COSTS_S = 300.0  # at most this often, when the batch drains, T(k) as serving refined it is persisted
 
 __all__ = ["Job", "Piece", "Worker"]
 
@@ -130,9 +133,13 @@ class Worker:
 
     # --- serving -------------------------------------------------------------------------------
     def _serve(self) -> None:
+        saved = time.monotonic()
         while self._wait():
             self.scheduler.admit(self._take())
             while self.scheduler.rows:
                 self.batch_rows.observe(self.scheduler.rows)
                 self.scheduler.step()
                 self.scheduler.admit(self._take())
+            if time.monotonic() - saved > SAVE_COSTS_S:  # idle now: T(k) as serving refined it, persisted
+                saved = time.monotonic()
+                self.engine.drafts.save_costs()
