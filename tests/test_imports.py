@@ -163,3 +163,34 @@ def test_no_capability_is_probed_by_an_attributes_name():
                *(PACKAGE / "drafters").glob("*.py")]
     found = {str(p.relative_to(PACKAGE)): probes(p.read_text()) for p in checked}
     assert not {k: v for k, v in found.items() if v}
+
+
+def rooms(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between the package's rooms (a top-level module, or a folder as one)."""
+    def room(name: str) -> str:
+        return name.split(".")[1] if "." in name else name
+
+    out: dict[str, set[str]] = {}
+    for name, deps in edges.items():
+        out.setdefault(room(name), set()).update(room(d) for d in deps if room(d) != room(name))
+    return out
+
+
+def floors(edges: dict[str, set[str]]) -> list[str]:
+    """The longest chain of imports between rooms (an acyclic graph), top floor first."""
+    memo: dict[str, list[str]] = {}
+
+    def chain(node: str) -> list[str]:
+        if node not in memo:
+            memo[node] = [node, *max((chain(d) for d in sorted(edges[node])), key=len, default=[])]
+        return memo[node]
+    return max((chain(n) for n in sorted(edges)), key=len)
+
+
+def test_the_rooms_import_one_another_in_at_most_ten_floors():
+    """Between rooms (server/, models/, engine.py, ...) there is no cycle, and no chain of imports longer
+    than ten rooms (cli -> scale -> server -> cli_common -> engine -> loading -> models -> speculative ->
+    device -> errors): a room that imports one more floor down is a layer a reader must hold in mind."""
+    between = rooms(graph())
+    assert find_cycle(between) is None, find_cycle(between)
+    assert len(floors(between)) <= 10, " -> ".join(floors(between))
