@@ -17,7 +17,7 @@ from .drafters.source import read_source
 from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
 from .measure import measure_drafter, save_refined, target_costs
-from .speculative.acceptance import Acceptance
+from .speculative.acceptance import Acceptance, RequestAcceptance
 from .speculative.auto_gamma import AutoGamma, Probes
 from .speculative.costs import MAX_AUTO_GAMMA, BatchCosts, CostModel, DepthCosts
 from .speculative.interfaces import CausalLM, Drafter, RowContexts
@@ -147,7 +147,8 @@ class Drafting:
         """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over the cost
         model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, is plain decoding)."""
         if gamma == "auto" and draft != "none":
-            gamma = AutoGamma(self.cost_model(draft), acceptance=self.acceptance(draft), probes=self.probes(draft))
+            gamma = AutoGamma(self.cost_model(draft), acceptance=RequestAcceptance(self.acceptance(draft)),
+                              probes=self.probes(draft))
         elif gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
             gamma = 1
         return (self.make(draft, gamma) if gamma != 0 else None), gamma

@@ -6,6 +6,9 @@
   copy with an edit in it);
 - `short`: answers of a few tokens (a tool name, yes / no, a one-line reply), as agents get them: what
   the defaults must not slow down, with nothing to gain;
+- `paraphrase`, `translate`: draft-hostile: the prompt holds a text the answer must NOT copy (rewritten
+  in other words, or in another language), so copies are proposed and rejected: what the defaults must
+  not lose on;
 - `json`: structured output (extraction and tool-call prompts, each with a JSON schema its answer must
   follow: `{"name", "max_new_tokens", "prompt", "schema"}` per line of json.jsonl; string lengths and
   array sizes are bounded so that every answer the schema allows fits `max_new_tokens`).
@@ -17,7 +20,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-WORKLOADS = ("grounded", "chat", "edit", "short", "json")
+WORKLOADS = ("grounded", "chat", "edit", "short", "paraphrase", "translate", "json")
 CONSTRAINED = ("json",)  # workloads whose cases carry a response_format
 
 

@@ -104,3 +104,65 @@ class Acceptance:
 
     def alpha_of(self, b: int) -> float:
         return self.successes[b] / (self.successes[b] + self.failures[b])
+
+
+LOCAL_STRENGTH = 4.0  # the most proposals' weight a request's view takes from the engine's history, per bucket:
+# the priors' own strength, so that a request is never slower to learn than on a fresh engine
+
+
+class RequestAcceptance:
+    """One request's view of what the engine learned (`Acceptance`): the same kinds and match buckets, each
+    starting from the engine's α at that moment but weighing its history as at most LOCAL_STRENGTH
+    proposals, then moved by this request's own outcomes (which the engine learns too).
+
+    The engine's posterior carries the weight of ~30 recent proposals (FORGET), all of earlier traffic.
+    After agent steps whose long copies were accepted whole, an edit that rewrites its file instead of
+    copying it was priced as the agent steps were: each of its rejected 17-33-token proposals moved the
+    engine's α by a thirtieth, so it kept paying for wide passes for tens of proposals (measured in
+    docs/drafters.md, scripts/bench_mixed.py). Its own view drops below paying after a few."""
+
+    def __init__(self, shared: Acceptance, strength: float = LOCAL_STRENGTH):
+        self.shared, self.strength = shared, strength
+        self._kinds: dict[object, _View] = {}
+
+    def of(self, key: object = None) -> "_View":
+        view = self._kinds.get(key)
+        if view is None:
+            view = self._kinds[key] = _View(self.shared.of(key), self.strength)
+        return view
+
+    def alpha(self, match: int | None = None) -> float:
+        return self.of(None).alpha(match)
+
+    def observe(self, proposed: int, accepted: int, match: int | None = None) -> None:
+        self.of(None).observe(proposed, accepted, match)
+
+
+class _View:
+    """One kind's buckets as a request sees them (RequestAcceptance)."""
+
+    def __init__(self, shared: Acceptance, strength: float):
+        self.shared, self.strength = shared, strength
+        self.successes: list[float | None] = [None] * len(shared.successes)  # None: not looked at yet
+        self.failures: list[float] = [0.0] * len(shared.successes)
+
+    def _bucket(self, match: int | None) -> int:
+        b = bucket(match)
+        if self.successes[b] is None:  # the engine's α now, weighing at most `strength` proposals
+            s, f = self.shared.successes[b], self.shared.failures[b]
+            weight = min(s + f, self.strength) / (s + f)
+            self.successes[b], self.failures[b] = s * weight, f * weight
+        return b
+
+    def alpha(self, match: int | None = None) -> float:
+        b = self._bucket(match)
+        return self.successes[b] / (self.successes[b] + self.failures[b])
+
+    def observe(self, proposed: int, accepted: int, match: int | None = None) -> None:
+        if not proposed:
+            return
+        self.shared.observe(proposed, accepted, match)
+        b = self._bucket(match)
+        forget = FORGET if b else 1.0
+        self.successes[b] = forget * self.successes[b] + accepted
+        self.failures[b] = forget * self.failures[b] + (accepted < proposed)

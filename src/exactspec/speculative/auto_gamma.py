@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .acceptance import BUCKET_EDGES, Acceptance
+from .acceptance import BUCKET_EDGES, Acceptance, RequestAcceptance
 from .costs import CostModel
 from .theory import expected_tokens
 
@@ -67,7 +67,7 @@ class AutoGamma:
     """
 
     def __init__(self, cost: CostModel, prior_alpha: float = 0.3, prior_strength: float = 4.0,
-                 first_probe: int = 8, min_gain: float = 1.05, acceptance: Acceptance | None = None,
+                 first_probe: int = 8, min_gain: float = 1.05, acceptance: Acceptance | RequestAcceptance | None = None,
                  probes: Probes | None = None):
         self.cost, self.min_gain = cost, min_gain
         self.acceptance = acceptance if acceptance is not None else Acceptance(prior_alpha, prior_strength)

@@ -1,0 +1,57 @@
+"""A request's own view of the acceptance the engine learned (speculative/acceptance.RequestAcceptance):
+history is its prior, weighing at most LOCAL_STRENGTH proposals, so a request whose copies fail stops
+paying for them after a few proposals, however long the engine's history of accepted copies."""
+
+from __future__ import annotations
+
+import pytest
+
+from exactspec.speculative.acceptance import FORGET, LOCAL_STRENGTH, Acceptance, RequestAcceptance
+from exactspec.speculative.auto_gamma import AutoGamma
+from exactspec.speculative.costs import CostModel
+
+KIND = ("context", "greedy")
+
+
+def agent_history() -> Acceptance:
+    """An engine after agent steps: 60 long copies (match 40) accepted whole, 32 drafts each."""
+    shared = Acceptance()
+    for _ in range(60):
+        shared.of(KIND).observe(32, 32, match=40)
+    return shared
+
+
+def test_a_fresh_engine_and_a_request_see_the_same_prior():
+    shared = Acceptance()
+    view = RequestAcceptance(shared)
+    for match in (None, 1, 4, 40):
+        assert view.of(KIND).alpha(match) == pytest.approx(shared.of(KIND).alpha(match))
+        assert view.alpha(match) == pytest.approx(shared.alpha(match))
+
+
+def test_a_request_whose_copies_fail_stops_paying_for_them_long_before_the_engine_would():
+    """T(k) as on a 2-core CPU (each token ~half a step more); after the agent history a 40-token match is
+    drafted wide. A request's rejections move its own view as on a fresh engine (its history weighs
+    LOCAL_STRENGTH proposals), the engine's by ~1/33: after three failed proposals the request decodes
+    plainly, while the engine's own pricing would still draft."""
+    cost = CostModel(target_s=[0.01 * (1 + 0.5 * k) for k in range(33)], frozen=True, copies=True)
+    shared = agent_history()
+    engine_only, own = AutoGamma(cost, acceptance=shared), AutoGamma(cost, acceptance=RequestAcceptance(shared))
+    assert own.choose([(40, 32, KIND)]) > 4 and engine_only.choose([(40, 32, KIND)]) > 4
+    before = shared.of(KIND).alpha(40)
+    for _ in range(3):
+        own.observe(32, 0, match=40, kind=KIND)  # the edit rewrites: the first copied token is rejected
+    assert own.best([(40, 32, KIND)])[1] < own.min_gain  # no width pays for this request any more
+    assert engine_only.best([(40, 32, KIND)])[1] > own.min_gain  # the engine's α (also moved) still would
+    assert shared.of(KIND).alpha(40) < before  # the engine learns from the request too
+    later = RequestAcceptance(shared)  # the next request starts from the engine's α, not the last request's
+    assert later.of(KIND).alpha(40) == pytest.approx(shared.of(KIND).alpha(40))
+
+
+def test_the_view_weighs_history_as_at_most_local_strength_proposals():
+    shared = agent_history()
+    view = RequestAcceptance(shared).of(KIND)
+    view.alpha(40)
+    b = 7  # the 33+ bucket
+    assert view.successes[b] + view.failures[b] == pytest.approx(LOCAL_STRENGTH)
+    assert shared.of(KIND).successes[b] + shared.of(KIND).failures[b] > 1 / (1 - FORGET) - 2  # ~33
