@@ -42,7 +42,7 @@ run: setup
 	$(VENV)/bin/exactspec generate - --compare --max-new-tokens 160 < examples/format-json.txt
 
 # Two workers, one per core, each taking whole test files (module fixtures load once): 11-13 min here, against
-# 20 one after another. One file alone: .venv/bin/python -m pytest tests/test_server.py
+# 20 one after another. One file alone: .venv/bin/python -m pytest tests/server/test_server.py
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 

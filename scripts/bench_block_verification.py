@@ -36,8 +36,8 @@ PROMPT = [0, 3, 5, 2, 7, 1, 4]
 
 
 def tiny_llama(seed: int, sharpness: float = 8.0, layers: int = 2):
-    """The test suite's tiny random Llama (tests/device_checks.py), on the CPU."""
-    from tests.device_checks import tiny_llama as make
+    """The test suite's tiny random Llama (tests/helpers/device_checks.py), on the CPU."""
+    from tests.helpers.device_checks import tiny_llama as make
 
     return make(seed, "cpu", vocab=8, sharpness=sharpness, layers=layers)
 

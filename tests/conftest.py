@@ -57,7 +57,7 @@ TINY_VOCAB = 8
 
 def tiny_llama(seed: int, vocab: int = TINY_VOCAB, sharpness: float = 8.0, layers: int = 2) -> torch.nn.Module:
     """A random Llama whose next-token laws are far from uniform (so drafts can disagree), on the CPU."""
-    from .device_checks import tiny_llama as tiny_llama_on
+    from .helpers.device_checks import tiny_llama as tiny_llama_on
 
     return tiny_llama_on(seed, "cpu", vocab, sharpness, layers)
 

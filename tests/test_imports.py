@@ -194,3 +194,26 @@ def test_the_rooms_import_one_another_in_at_most_ten_floors():
     between = rooms(graph())
     assert find_cycle(between) is None, find_cycle(between)
     assert len(floors(between)) <= 10, " -> ".join(floors(between))
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_tests_mirror_the_package_and_import_no_test_file():
+    """A test file lives in the folder of the package room it tests (tests/speculative/ for
+    exactspec/speculative/, ...; a top-level module's tests at the top), and takes shared helpers from
+    conftest.py or tests/helpers/, never from another test file."""
+    package_rooms = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    top_modules = {p.stem for p in PACKAGE.glob("*.py")}
+    for path in TESTS.rglob("test_*.py"):
+        folder = path.parent.relative_to(TESTS).parts
+        assert not folder or folder[0] in package_rooms, f"{path.relative_to(TESTS)}: no package room {folder[0]}/"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.split(".")[-1].startswith("test_"), \
+                    f"{path.relative_to(TESTS)}:{node.lineno} imports the test file {node.module}"
+    cross_cutting = {"test_cli", "test_readme", "test_imports"}  # the package as a whole
+    top = {p.stem for p in TESTS.glob("test_*.py")} - cross_cutting
+    named = top_modules | {room.removesuffix("s") for room in package_rooms}  # test_chat_template: chat_templates/
+    strays = sorted(t for t in top if t.removeprefix("test_") not in named)
+    assert not strays, f"top-level test files for no top-level module: {strays}"

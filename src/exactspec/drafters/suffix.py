@@ -42,7 +42,7 @@ STRIDE = 1 << 32  # a position is doc * STRIDE + offset
 LEAD_IN = 8  # prompt tokens stored before a request's output, so that its first tokens can match
 # What one stored token costs in a CPython process (tokens list, chain arrays, hash-table entries):
 # measured with tracemalloc: 270-320 bytes in one large document, up to 460 in many short ones
-# (hash tables grow by doubling); tests/test_suffix.py checks that a store keeps to its budget.
+# (hash tables grow by doubling); tests/drafters/test_suffix.py checks that a store keeps to its budget.
 BYTES_PER_TOKEN = 512
 
 

@@ -92,7 +92,7 @@ def sample_from_uniform(probs: ArrayLike, uniform: float) -> int:
 def draw_uniforms(n: int, generator: torch.Generator | None) -> list[float]:
     """n uniforms in [0, 1) from `generator` (host RNG): every random number of the decode loop (its
     verifier's, through `Uniforms`, and the sampling drafters', through `sample`) is drawn here, so that
-    one seam replaces them all (tests/exact_law.py enumerates their outcomes to find the loop's exact law)."""
+    one seam replaces them all (tests/helpers/exact_law.py enumerates their outcomes to find the loop's exact law)."""
     return torch.rand(n, generator=generator).tolist()
 
 

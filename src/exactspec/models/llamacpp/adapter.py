@@ -27,7 +27,7 @@ to 32 here, the invariant choice for an f16 cache; the self-test raises it to 51
 TILED PREFILL (`prefill_tile`, 64 when the self-test keeps llama.cpp's own f16 cache and kernels): a
 prompt's prefill runs llama.cpp's fast tiled attention kernel, and every pass that decodes stays on the
 per-row kernel, so decoding is bit-equal however it is split and a cached prefix plus the rest equals a
-fresh prefill. The rules (each tested by the self-test and tests/test_llama_cpp_tiled.py):
+fresh prefill. The rules (each tested by the self-test and tests/models/test_llama_cpp_tiled.py):
 - a prefill computes each position with the kernel its prompt's plan gives it (prefill_plan.py, a pure
   function of the tokens): assistant turns (from the chat template's generation marker, `turn_marker`,
   through the end-of-turn token) and runs shorter than a tile per-row, other runs in passes of at least

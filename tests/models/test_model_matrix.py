@@ -1,0 +1,70 @@
+"""The models users bring: tiny random GGUFs of several architectures (Llama; Qwen 2 with attention
+biases; Qwen 3 with q/k norms; Gemma 3 with an 8-token sliding window on five of its six layers) in the
+quantizations common GGUFs use, written and quantized at test time. Each loads through the self-test,
+gets a verdict that names why it is or is not bit-exact, decodes speculatively to exactly its own plain
+greedy output (prompts run past the window), and reuses a cached prefix with the same output."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from exactspec.speculative.sampling import SamplingParams
+from exactspec.stats import Stats
+
+from ..conftest import need
+from ..helpers.gguf_models import ARCHS, QUANTS, quantize, write_gguf
+
+need("llama_cpp")
+
+PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5] * 3  # 57 tokens: repeats to copy, past the window
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("matrix")
+    return {arch: write_gguf(arch, str(folder / f"{arch}.gguf")) for arch in ARCHS}
+
+
+def decode(engine, ids, gamma, stats=None) -> list[int]:
+    return list(engine.stream_ids(ids, GREEDY, 40, gamma, 0, stats or Stats()))
+
+
+@pytest.mark.parametrize("quant", list(QUANTS))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_and_quant_decodes_exactly_with_a_named_verdict(sources, arch, quant, tmp_path,
+                                                                           embedded_llamacpp):
+    import exactspec
+
+    path = quantize(sources[arch], str(tmp_path / f"{arch}-{quant}.gguf"), quant)
+    engine = exactspec.load(target=path, backend="llama.cpp", ctx_size=256, draft="prompt-lookup", gamma=4)
+    identity = engine.runtime()["greedy_identity"]
+    exact = re.match(r"llama\.cpp: bit-exact \(self-test: blocks equal one-token steps; ", identity)
+    inexact = re.match(r"llama\.cpp: by tolerance \((llama\.cpp's blocks differ from one-token steps by up to (\S+) "
+                       r"here|a prompt prefilled in two parts differs from one prefill of it here)", identity)
+    assert exact or (inexact and math.isfinite(float(inexact.group(2) or 0))), identity  # a reason, never "inf"
+    if quant == "Q8_0" and "bit-exact" in embedded_llamacpp.runtime()["greedy_identity"]:
+        assert exact, identity  # the kernels that make the embedded model bit-exact serve Q8_0 weights
+
+    plain, stats = decode(engine, PROMPT, 0), Stats()
+    assert decode(engine, PROMPT, 4, stats) == plain and stats.proposed > 0
+    longer = PROMPT * 3  # 171 tokens: a cached first 139 holds whole 64-token tiles (tiled prefill reuses only those)
+    plain = decode(engine, longer, 0)
+    engine.set_prefix_cache(16)
+    try:
+        decode(engine, longer[:140], 0)  # cached: its first 139 tokens
+        cached = Stats()
+        assert decode(engine, longer, 4, cached) == plain and cached.cached_tokens >= 64, cached.cached_tokens
+    finally:
+        engine.set_prefix_cache(None)
+
+
+def test_a_failed_prefix_check_is_named_not_reported_as_an_infinite_difference():
+    from exactspec.models.llamacpp.numerics import CANDIDATES, Verdict
+
+    words = Verdict(CANDIDATES[0], False, math.inf, 1.0).describe(2)
+    assert "prefix check failed" in words and "inf" not in words.split(";")[0], words
+    assert "up to 0.25 here" in Verdict(CANDIDATES[0], False, 0.25, 1.0).describe(2)
