@@ -118,6 +118,16 @@ def provisional(path: Path) -> str | None:
         return None
 
 
+def say_if_provisional(path: Path, what: str) -> None:
+    """One status line when the timed entry at `path` (`what` it holds) is provisional."""
+    why = provisional(path)
+    if why:
+        from . import progress
+
+        progress.status(f"{what} is PROVISIONAL: timed while {why}; measured again at the next quiet start, "
+                        "or by `exactspec tune --remeasure`")
+
+
 def _mark(path: Path) -> Path:
     return path.with_name(path.name + ".provisional")
 

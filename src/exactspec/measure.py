@@ -9,8 +9,7 @@ import time
 
 import torch
 
-from . import progress
-from .cachedir import cache_dir, machine_key, measured_once, provisional, write_atomic
+from .cachedir import cache_dir, machine_key, measured_once, say_if_provisional, write_atomic
 from .device import device_of, synchronize
 from .speculative.costs import MAX_AUTO_GAMMA, TARGET_DEPTHS
 from .speculative.interfaces import CausalLM
@@ -38,10 +37,7 @@ def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[flo
     costs = measured_once(path, read, lambda: measure_depths(target, max_k),
                           lambda m: write_atomic(path, json.dumps({"depths": m[0], "target_s": m[1]})),
                           timed=torch.get_num_threads())
-    why = provisional(path)
-    if why:
-        progress.status(f"auto γ's T(k) is PROVISIONAL: timed while {why}; measured again at the next quiet "
-                        "start, or by `exactspec tune`")
+    say_if_provisional(path, "auto γ's T(k)")
     return costs
 
 

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .. import progress
-from ..cachedir import cache_dir, file_identity, machine_key, measured_once, provisional, write_atomic
+from ..cachedir import cache_dir, file_identity, machine_key, measured_once, say_if_provisional, write_atomic
 from .fast_llama import ATTN_BLOCK, FastLlamaLM
 
 VERSION = 4  # bump when the test, the candidates or their forward change: old cache entries are then ignored
@@ -331,10 +331,7 @@ def choose_layout(module: torch.nn.Module, model_path: str | None, refresh: bool
     read = (lambda: None) if refresh else (lambda: _cached_choice(path))
     choice = measured_once(path, read, measure, lambda c: write_atomic(path, json.dumps(asdict(c), indent=1)),
                            timed=torch.get_num_threads())
-    why = provisional(path)
-    if why:
-        progress.status(f"the dtype choice is PROVISIONAL: timed while {why}; measured again at the next quiet "
-                        "start, or by `exactspec tune`")
+    say_if_provisional(path, "the dtype choice")
     return choice
 
 

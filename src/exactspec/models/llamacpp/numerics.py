@@ -104,7 +104,7 @@ class Verdict:
         how = self.setting.describe(threads)
         if self.provisional:
             how += (f"; PROVISIONAL: timed while {self.provisional}, measured again at the next quiet start"
-                    " or by `exactspec tune`")
+                    " or by `exactspec tune --remeasure`")
         if not self.exact and math.isinf(self.max_diff):  # not a measured difference: a check that failed
             return ("by tolerance (a prompt prefilled in two parts differs from one prefill of it here, so a "
                     f"prefix-cache hit would not be bit-exact: the self-test's prefix check failed; {how})")
