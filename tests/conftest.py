@@ -49,6 +49,17 @@ def need(module: str, reason: str = LLAMA_CPP_MISSING):
     return pytest.importorskip(module, reason=reason)
 
 
+# The files that take longest start first (`--dist loadfile` hands files out in collection order): the
+# two workers then finish together instead of one running the last long file alone.
+LONGEST_FIRST = ("test_cli.py", "test_hostile.py", "test_scale.py", "test_llama_cpp_tiled.py", "test_long_context.py",
+                 "test_llama_cpp.py", "test_llama_cpp_batched.py", "test_batching.py")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 # Under `pytest -n 2` (the Makefile's suite) each of the two workers owns one core.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 

@@ -49,8 +49,9 @@ def test_batched_loop_equals_plain(auto_engine, plain):
 
 def test_server_equals_plain(auto_engine, plain):
     for server in _running(create_app(auto_engine, model_name="long"), None):
-        resp = server.client.chat.completions.create(
-            model="long", messages=[{"role": "user", "content": PROMPT}], max_tokens=NEW_TOKENS, temperature=0)
+        resp = server.client.chat.completions.create(  # a fixed γ: whether auto drafts is priced by timing
+            model="long", messages=[{"role": "user", "content": PROMPT}], max_tokens=NEW_TOKENS, temperature=0,
+            extra_body={"gamma": 8})
         assert resp.choices[0].message.content == plain.text
         assert resp.model_extra["speculative"]["proposed"] > 0
         info = server.client.models.list().data[0].model_extra["exactspec"]
