@@ -67,17 +67,25 @@ class Watch:
         self.threads = threads
         self.window: Window | None = None
 
+    @classmethod
+    def start(cls, threads: int) -> "Watch":
+        """A window opened now, read with `so_far` (not a `with` block: it spans a server's serving)."""
+        return cls(threads).__enter__()
+
     def __enter__(self) -> "Watch":
         self._busy, self._own, self._wall = busy_seconds(), time.process_time(), time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.window = self.so_far()
+
+    def so_far(self) -> Window:
+        """The window from `__enter__` to now (it goes on)."""
         wall, busy = time.perf_counter() - self._wall, busy_seconds()
         own = time.process_time() - self._own
         if busy is None or self._busy is None:
-            self.window = Window(wall, None, self.threads)
-        else:
-            self.window = Window(wall, busy[0] - self._busy[0] - own, self.threads, busy[1])
+            return Window(wall, None, self.threads)
+        return Window(wall, busy[0] - self._busy[0] - own, self.threads, busy[1])
 
 
 def busy_now(threads: int, seconds: float = SAMPLE_S) -> Window:

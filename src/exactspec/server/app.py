@@ -72,7 +72,7 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         cache = engine.prefix_cache
         if cache is not None and cache.spill is not None:
             cache.spill.flush()  # snapshots still being written reach the disk before the process ends
-        engine.drafts.save_costs()  # T(k) as serving refined it: the next start begins from it
+        routes.worker.save_costs()  # T(k) as serving refined it (a quiet machine's): the next start's
 
     app = FastAPI(title="exactspec", summary="exact speculative decoding, OpenAI-compatible", lifespan=lifespan)
     app.state.engine, app.state.worker, app.state.metrics, app.state.routes = engine, routes.worker, metrics, routes

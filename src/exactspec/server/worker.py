@@ -20,8 +20,10 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
+import torch
 from prometheus_client import Histogram
 
+from .. import quiet
 from ..batching import Delivery, Emit, Entry, Event, Job, Piece, Scheduler
 from ..engine import Engine
 from .metrics import Metrics
@@ -45,6 +47,7 @@ class Worker:
         self._queued = 0
         self._ready = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name="exactspec-worker", daemon=True)
+        self._costs_watch = quiet.Watch.start(torch.get_num_threads())  # since T(k) was last persisted
 
     @property
     def alive(self) -> bool:
@@ -132,6 +135,14 @@ class Worker:
             return taken
 
     # --- serving -------------------------------------------------------------------------------
+    def save_costs(self) -> None:
+        """Persist T(k) as serving refined it since the last save (`Drafting.save_costs`), unless other
+        processes were busy meanwhile (quiet.py): timings taken beside them price a machine that is gone
+        when they end, and the next start would begin from them."""
+        if not self._costs_watch.so_far().disturbed:
+            self.engine.drafts.save_costs()
+        self._costs_watch = quiet.Watch.start(torch.get_num_threads())
+
     def _serve(self) -> None:
         saved = time.monotonic()
         while self._wait():
@@ -142,4 +153,4 @@ class Worker:
                 self.scheduler.admit(self._take())
             if time.monotonic() - saved > SAVE_COSTS_S:  # idle now: T(k) as serving refined it, persisted
                 saved = time.monotonic()
-                self.engine.drafts.save_costs()
+                self.save_costs()
