@@ -55,7 +55,12 @@ class DiskPrefixStore:
 
     def describe(self) -> str:
         """`12 snapshots (310 MiB of 2048) in DIR`: for the start-up line."""
-        used = sum(p.stat().st_size for p in self.folder.glob("*.kv") if p.exists())
+        used = 0
+        for path in self.folder.glob("*.kv"):
+            try:
+                used += path.stat().st_size
+            except OSError:
+                pass  # removed meanwhile (another server's eviction)
         return f"{len(self.index)} snapshots ({used / 2**20:.0f} MiB of {self.budget / 2**20:.0f}) in {self.folder}"
 
     # --- reading ----------------------------------------------------------------------------
