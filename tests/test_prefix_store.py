@@ -96,6 +96,10 @@ def test_a_bad_file_is_skipped_with_one_warning_and_changes_nothing(engine, tmp_
         warnings = [line for line in capsys.readouterr().err.splitlines() if "prefix cache on disk: skipped" in line]
         assert sorted(w.split("/")[-1].split(":")[0] for w in warnings) == ["corrupt.kv", "foreign.kv", "garbage.kv",
                                                                               "truncated.kv"], warnings
+        engine.prefix_cache.spill.flush()
+        for written in set(folder.glob("*.kv")) - {folder / f"{bad}.kv" for bad in ("truncated", "corrupt", "garbage",
+                                                                                      "foreign")}:
+            written.unlink()  # this step's own snapshot: the next start must meet only the bad files
 
 
 def test_two_stores_sharing_a_folder_write_whole_files_within_the_budget(tmp_path):
@@ -134,3 +138,11 @@ def test_a_longer_sequence_supersedes_its_prefix_on_disk(tmp_path):
     assert list(DiskPrefixStore(tmp_path, "k", budget_mb=8).index.values()) == [[1, 2, 3, 4, 5]]
     assert store.longest([1, 2, 3, 9]) == 3 and store.load([1, 2, 3, 9]) == ([1, 2, 3, 4, 5], b"b")
     assert DiskPrefixStore(tmp_path, "other key", budget_mb=8).longest([1, 2, 3]) == 0  # another folder
+
+
+def test_a_replaced_cache_ends_its_writer_after_writing_what_it_kept(tmp_path):
+    store = DiskPrefixStore(tmp_path, "k", budget_mb=8)
+    store.keep([1, 2, 3], lambda: b"kept")
+    store.close()
+    assert not store._writer.is_alive()
+    assert DiskPrefixStore(tmp_path, "k", budget_mb=8).load([1, 2, 3]) == ([1, 2, 3], b"kept")

@@ -92,6 +92,9 @@ class Engine:
         if disk is not None and disk_mb <= 0:
             raise ExactSpecError(f"the disk prefix cache budget must be > 0 MiB, got {disk_mb}")
         if isinstance(self.target, PrefixSnapshots):
+            old = self.target.prefix_cache
+            if old is not None and old.spill is not None:
+                old.spill.close()  # its writer thread ends with it
             spill = None
             if budget_mb and disk is not None and isinstance(self.target, PersistentPrefix) and self.target.persist_key:
                 spill = DiskPrefixStore(disk, self.target.persist_key, disk_mb)

@@ -51,7 +51,8 @@ class DiskPrefixStore:
         self._queue: queue.Queue = queue.Queue()
         self.loads = self.writes = self.skipped = 0
         self._refresh()
-        threading.Thread(target=self._write_loop, name="exactspec-prefix-store", daemon=True).start()
+        self._writer = threading.Thread(target=self._write_loop, name="exactspec-prefix-store", daemon=True)
+        self._writer.start()
 
     def describe(self) -> str:
         """`12 snapshots (310 MiB of 2048) in DIR`: for the start-up line."""
@@ -160,9 +161,18 @@ class DiskPrefixStore:
         """Wait until every snapshot kept so far is on disk."""
         self._queue.join()
 
+    def close(self) -> None:
+        """Write what is kept so far, then end the writer thread (a replaced or dropped cache)."""
+        self._queue.put(None)
+        self._writer.join()
+
     def _write_loop(self) -> None:
         while True:
-            ids, data = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            ids, data = item
             try:
                 self._write(ids, data)
             except Exception as e:  # a full disk, a removed folder: the memory cache goes on without it

@@ -239,6 +239,9 @@ class PrefixSpill(Protocol):
     def flush(self) -> None:
         """Return once every snapshot kept so far is written (a server's shutdown waits for it)."""
 
+    def close(self) -> None:
+        """Write what is kept so far and stop (the cache is replaced or dropped)."""
+
     def describe(self) -> str:
         """What it holds, where (the start-up line)."""
 
