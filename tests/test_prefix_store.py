@@ -146,3 +146,9 @@ def test_a_replaced_cache_ends_its_writer_after_writing_what_it_kept(tmp_path):
     store.close()
     assert not store._writer.is_alive()
     assert DiskPrefixStore(tmp_path, "k", budget_mb=8).load([1, 2, 3]) == ([1, 2, 3], b"kept")
+
+
+def test_the_cli_default_disk_budget_is_the_librarys():
+    from exactspec import cli_common, prefix_store
+
+    assert cli_common.PREFIX_DISK_MB == prefix_store.PREFIX_DISK_MB  # two names: --help imports no torch

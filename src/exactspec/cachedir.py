@@ -76,10 +76,14 @@ def machine_key(version: object, *parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write a cache entry so that a reader never sees half of it (a temporary file, then a rename)."""
-    tmp = path.with_suffix(f".tmp{time.time_ns()}")
-    tmp.write_text(text)
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a cache entry (text or bytes) so that a reader never sees half of it: a temporary file named
+    by this process and the time (processes share the cache), then a rename."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}-{time.time_ns()}")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
     tmp.replace(path)
 
 

@@ -128,8 +128,7 @@ class Drafting:
         if seen - self._saved_iterations < min_iterations:
             return False
         depths = [self._depth_costs.base, *self._depth_costs.depths]
-        written = save_refined(self.target, depths, [self._target_costs, *self._depth_costs.seconds],
-                               seen - self._saved_iterations)
+        written = save_refined(self.target, depths, [self._target_costs, *self._depth_costs.seconds])
         self._saved_iterations = seen
         return written
 

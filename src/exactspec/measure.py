@@ -61,7 +61,7 @@ def _read_costs(path, max_k: int, field: str = "target_s") -> tuple[list[int], l
     return (depths, curves) if ok else None
 
 
-def save_refined(target: CausalLM, depths: list[int], curves: list[list[float]], iterations: int) -> bool:
+def save_refined(target: CausalLM, depths: list[int], curves: list[list[float]]) -> bool:
     """Write T(k) as real iterations refined it (`curves` at `depths`, K = len of each) back to a keyed
     target's cache entry, so that the next start begins from it: each value kept within REFINE_BOUND x
     (either way) of the table as measured, which the entry keeps beside it (a table refined on wrong
@@ -75,12 +75,7 @@ def save_refined(target: CausalLM, depths: list[int], curves: list[list[float]],
         return False
     bounded = [[min(max(t, m / REFINE_BOUND), m * REFINE_BOUND) for t, m in zip(curve, held)]
                for curve, held in zip(curves, measured[1])]
-    try:
-        before = json.loads(path.read_text()).get("refined_iterations", 0)
-    except (OSError, ValueError, AttributeError):
-        before = 0
-    write_atomic(path, json.dumps({"depths": depths, "target_s": bounded, "measured_s": measured[1],
-                                   "refined_iterations": before + iterations}))
+    write_atomic(path, json.dumps({"depths": depths, "target_s": bounded, "measured_s": measured[1]}))
     return True
 
 

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .cachedir import write_atomic
 from .speculative.prefix_cache import common_prefix
 
 MAGIC = b"exactspec-kv\x01"
@@ -190,7 +191,7 @@ class DiskPrefixStore:
         header = json.dumps({"key": self.key, "ids": ids, "size": len(payload),
                              "sha256": hashlib.sha256(payload).hexdigest()}).encode()
         name = hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest()[:32] + ".kv"
-        write_atomic_bytes(self.folder / name, MAGIC + len(header).to_bytes(8, "little") + header + payload)
+        write_atomic(self.folder / name, MAGIC + len(header).to_bytes(8, "little") + header + payload)
         self.writes += 1
         for other, other_ids in held.items():  # superseded: a prefix of what was just written
             if common_prefix(other_ids, ids) == len(other_ids):
@@ -217,10 +218,3 @@ class DiskPrefixStore:
                 break
             path.unlink(missing_ok=True)
             used -= size
-
-
-def write_atomic_bytes(path: Path, data: bytes) -> None:
-    """`cachedir.write_atomic` for bytes: a temporary file, then a rename."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}-{time.time_ns()}")
-    tmp.write_bytes(data)
-    tmp.replace(path)
