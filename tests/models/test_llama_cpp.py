@@ -3,6 +3,7 @@ and Monte-Carlo exactness on a tiny GGUF written here (its exact law enumerated 
 
 from __future__ import annotations
 
+import os
 
 import pytest
 import torch
@@ -453,3 +454,17 @@ def test_ctx_size_default_and_choice(monkeypatch):
     assert engine.context_line().startswith("context 1024 tokens per row x 1 row (KV cache")
     with pytest.raises(ExactSpecError, match="must be >= 2"):
         exactspec.load(ctx_size=1)
+
+
+def test_an_amx_cpu_keeps_repacked_weights_with_every_row_on_the_one_row_kernel(monkeypatch):
+    """Where the CPU advertises AMX, the AMX buffer's multi-row products run the one-row VNNI kernel
+    (EXACTSPEC_AMX_ROWS=1): no tile instruction, so the probe survives and repacking stays on (without the
+    build's patch, a VM that loses the tile state kills the probe and this fails). Elsewhere: repacking on,
+    the variable never set."""
+    from exactspec.models.llamacpp import runtime
+
+    monkeypatch.delenv("EXACTSPEC_LLAMACPP_REPACK", raising=False)
+    monkeypatch.delenv(runtime.AMX_ROWS, raising=False)
+    monkeypatch.setattr(runtime, "_PROBED", {})
+    assert runtime.resolve_repack(embedded_model_path()) is True
+    assert (os.environ.get(runtime.AMX_ROWS) == "1") == runtime._cpu_has_amx()

@@ -93,10 +93,18 @@ ll.eval([1])
 """
 
 
+AMX_ROWS = "EXACTSPEC_AMX_ROWS"  # read by the build's AMX buffer (scripts/llama_cpp_patches/08-*)
+
+
 def resolve_repack(path: str, repack: bool | None = None) -> bool:
     """Whether to let llama.cpp repack weights (its default): explicit choice, else the environment
     variable EXACTSPEC_LLAMACPP_REPACK, else yes unless the CPU advertises AMX and a probe subprocess
-    decoding with this model dies from a signal (cached per process and file; costs one model load)."""
+    decoding with this model dies from a signal (cached per process and file; costs one model load).
+
+    Where the CPU advertises AMX the AMX buffer's multi-row products run each row through the one-row
+    VNNI kernel (EXACTSPEC_AMX_ROWS=1, set here for this process and the probe): no tile instruction
+    (they fault on VMs that advertise AMX but lose its state), and a block's rows equal one-token steps
+    bit for bit. A build without the patch ignores the variable: there the probe decides as before."""
     if repack is not None:
         return repack
     env = os.environ.get("EXACTSPEC_LLAMACPP_REPACK")
@@ -104,9 +112,11 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
         return env.strip().lower() not in ("0", "false", "no", "off")
     if not _cpu_has_amx():
         return True
+    os.environ.setdefault(AMX_ROWS, "1")
     if path not in _PROBED:
         try:
-            done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=600)
+            done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=600,
+                                  env={**os.environ})
             _PROBED[path] = done.returncode >= 0  # killed by a signal = crashed; other errors surface on load
         except (OSError, subprocess.TimeoutExpired):
             _PROBED[path] = False
