@@ -109,8 +109,8 @@ def servers(llama_server: str, gguf: str, threads: int, spec: tuple[str, ...] = 
             peer_args: list[str] | None = None, exactspec_args: list[str] | None = None,
             no_repack: bool = False) -> list[Server]:
     """llama-server plain, one llama-server per `spec` flag set, exactspec plain and exactspec defaults.
-    `no_repack`: llama-server keeps the GGUF's weight layout, as our adapter does where its probe turned
-    repacking off (AMX VMs whose repacked kernels crash)."""
+    `no_repack`: llama-server keeps the GGUF's weight layout: where its stock AMX kernels crash (AMX VMs that
+    lose the tile state) or our adapter's probe turned repacking off."""
     base = [llama_server, "-m", gguf, "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
             *(["--no-repack"] if no_repack else []), *(peer_args or [])]
     out = [Server("llama-server", base, "llama-server")]

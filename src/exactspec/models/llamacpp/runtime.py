@@ -113,14 +113,32 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
     if not _cpu_has_amx():
         return True
     os.environ.setdefault(AMX_ROWS, "1")
-    if path not in _PROBED:
-        try:
-            done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=600,
-                                  env={**os.environ})
-            _PROBED[path] = done.returncode >= 0  # killed by a signal = crashed; other errors surface on load
-        except (OSError, subprocess.TimeoutExpired):
-            _PROBED[path] = False
-    return _PROBED[path]
+    key = f"{path}|{AMX_ROWS}={os.environ[AMX_ROWS]}"
+    if key not in _PROBED:
+        _PROBED[key] = _decodes(path, os.environ)
+    return _PROBED[key]
+
+
+def amx_tiles_crash(path: str) -> bool:
+    """Whether llama.cpp's stock AMX kernels (tiles for multi-row products) die on this machine: the
+    CPU advertises AMX and the probe, run without EXACTSPEC_AMX_ROWS, is killed by a signal. The peer
+    bench then runs llama-server with --no-repack (a stock build cannot decode here otherwise)."""
+    if not _cpu_has_amx():
+        return False
+    key = f"{path}|{AMX_ROWS}=0"
+    if key not in _PROBED:
+        _PROBED[key] = _decodes(path, {**os.environ, AMX_ROWS: "0"})
+    return not _PROBED[key]
+
+
+def _decodes(path: str, env) -> bool:
+    """Whether a subprocess loading `path` with repacked weights survives a 16-token pass and a step
+    (killed by a signal = crashed; other errors surface on load)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=600, env=dict(env))
+        return done.returncode >= 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def check_gguf_file(path: str) -> None:
