@@ -456,13 +456,16 @@ def test_measured_costs_charge_a_change_of_shape(tiny_target):
             self.last = ids.shape[1]
             return self.model.forward(ids, *args, **kwargs)
 
-    plain = measure_target(ShapeChanges(tiny_target, 0.02, 0.0), max_k=4, context=8, reps=3)
-    small = measure_target(ShapeChanges(tiny_target, 0.02, 0.004), max_k=4, context=8, reps=3)
-    large = measure_target(ShapeChanges(tiny_target, 0.02, 0.03), max_k=4, context=8, reps=3)
-    assert small[0] == pytest.approx(plain[0], abs=0.003) and large[0] == pytest.approx(plain[0], abs=0.003)
+    # sleeps long enough that a busy machine's oversleeping (a few ms) cannot pass for a wrong charge: the
+    # small change is charged twice (0.016; once would be 0.008), the large one capped (uncapped: 0.1)
+    plain = measure_target(ShapeChanges(tiny_target, 0.04, 0.0), max_k=4, context=8, reps=3)
+    small = measure_target(ShapeChanges(tiny_target, 0.04, 0.008), max_k=4, context=8, reps=3)
+    large = measure_target(ShapeChanges(tiny_target, 0.04, 0.05), max_k=4, context=8, reps=3)
+    assert small[0] == pytest.approx(plain[0], abs=0.005) and large[0] == pytest.approx(plain[0], abs=0.005)
+    assert 0.008 < CHANGE_CAP * plain[0]  # the small change is under the cap
     for k in range(2, 5):  # each wider pass: its own change of shape, and the next step's
-        assert small[k - 1] - plain[k - 1] == pytest.approx(2 * 0.004, abs=0.003)
-        assert large[k - 1] - plain[k - 1] == pytest.approx(0.03 + CHANGE_CAP * large[0], abs=0.004)
+        assert small[k - 1] - plain[k - 1] == pytest.approx(2 * 0.008, abs=0.006)
+        assert large[k - 1] - plain[k - 1] == pytest.approx(0.05 + CHANGE_CAP * large[0], abs=0.008)
 
 
 def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
