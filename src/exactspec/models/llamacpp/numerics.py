@@ -258,8 +258,10 @@ def key(identity: str, settings: dict, repack: bool) -> str:
     """CPU (machine_key) + llama-cpp-python version + the caller's settings + the model file's identity."""
     import llama_cpp
 
+    from .runtime import repack_label
+
     text = json.dumps(settings, sort_keys=True, default=str)
-    return machine_key(VERSION, llama_cpp.__version__, text, f"repack={repack}", identity)
+    return machine_key(VERSION, llama_cpp.__version__, text, repack_label(repack), identity)
 
 
 GIVEN = ("type_k", "type_v", "n_ubatch")  # a caller's own choice of these is kept as given
@@ -346,7 +348,7 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     batched rows, kept batched only if a row scored beside others equals it scored alone, bit for bit
     (`rows_vs_alone`); otherwise its rows decode one at a time, and `identity` says so."""
     from .adapter import load_llama_cpp
-    from .runtime import check_gguf_file, default_threads, import_llama_cpp, resolve_repack
+    from .runtime import check_gguf_file, default_threads, import_llama_cpp, repack_label, resolve_repack
 
     import_llama_cpp()  # one line if llama-cpp-python is missing or its library does not load
     check_gguf_file(path)
@@ -372,7 +374,7 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
             lm.batched = lm.ragged = False
             lm.identity += f"; rows decode one at a time (a row scored beside others differs by {diff:.3g} here)"
     # T(k) depends on the build and the setting (a pad is a second token per step), not only the context's
-    lm.cost_key = (f"llama.cpp|{import_llama_cpp().__version__}|{file}|{repack}|{json.dumps(verdict.setting.llama_kwargs(), sort_keys=True)}"
+    lm.cost_key = (f"llama.cpp|{import_llama_cpp().__version__}|{file}|{repack_label(repack)}|{json.dumps(verdict.setting.llama_kwargs(), sort_keys=True)}"
                    f"|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}")
     # its snapshots' bytes depend on the same (the cache types, the build that wrote them) and on the state
     # format (adapter.state_bytes), and mean the same only with the tile rule that `kinds` records

@@ -105,6 +105,8 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
     VNNI kernel (EXACTSPEC_AMX_ROWS=1, set here for this process and the probe): no tile instruction
     (they fault on VMs that advertise AMX but lose its state), and a block's rows equal one-token steps
     bit for bit. A build without the patch ignores the variable: there the probe decides as before."""
+    if _cpu_has_amx():
+        os.environ.setdefault(AMX_ROWS, "1")  # before any load of this process, a repack chosen by hand too
     if repack is not None:
         return repack
     env = os.environ.get("EXACTSPEC_LLAMACPP_REPACK")
@@ -112,11 +114,16 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
         return env.strip().lower() not in ("0", "false", "no", "off")
     if not _cpu_has_amx():
         return True
-    os.environ.setdefault(AMX_ROWS, "1")
     key = f"{path}|{AMX_ROWS}={os.environ[AMX_ROWS]}"
     if key not in _PROBED:
         _PROBED[key] = _decodes(path, os.environ)
     return _PROBED[key]
+
+
+def repack_label(repack: bool) -> str:
+    """What the measurement caches key a repack setting by: with it, whether AMX rows were asked for (the
+    kernels, so the verdict and T(k), differ)."""
+    return f"repack={repack}" + (f",{AMX_ROWS}={os.environ[AMX_ROWS]}" if repack and AMX_ROWS in os.environ else "")
 
 
 def amx_tiles_crash(path: str) -> bool:
