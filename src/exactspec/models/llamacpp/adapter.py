@@ -11,7 +11,8 @@ Its AMX tile kernels crash (SIGILL/SIGSEGV) on VMs whose CPU advertises AMX but 
 tile state (seen on Firecracker VMs), so where the CPU advertises AMX the build's AMX buffer runs every row
 through its one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1: runtime.resolve_repack sets it; blocks then equal
 one-token steps bit for bit), and `repack=None` still probes once per process, in a subprocess, and
-disables extra buffers if the probe crashes; EXACTSPEC_LLAMACPP_REPACK=0/1 overrides. The llama.cpp bench anchors are built with the same setting, so comparisons stay like for like.
+disables extra buffers if the probe crashes; EXACTSPEC_LLAMACPP_REPACK=0/1 overrides. The llama.cpp bench
+anchors are built with the same setting, so comparisons stay like for like.
 
 BATCH INVARIANCE: llama.cpp's CPU numerics can depend on how many tokens one compute step (ubatch)
 holds and on how many threads a one-token step uses, and this model family is sensitive enough for that
