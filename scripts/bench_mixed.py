@@ -5,10 +5,15 @@ refinement) must not misprice the request at hand.
 Per round, for each configuration (the defaults, γ 0; their order alternates round by round), one fresh
 engine per state, in this process: FRESH times the workload's prompts on a new engine; MIXED first
 serves a history (agent steps, then chat, untimed) and then times the same prompts. Each prompt is its
-own request, greedy, prefix cache off (no prompt is shared between the history and the workload).
+own request, greedy, prefix cache off (no prompt is shared between the history and the workload), except:
+- long-agent: the peer bench's 3 agent sessions interleaved behind a ~3.3k-token tool-spec system prompt,
+  step by step, with a 256 MiB in-memory prefix cache (as a server holds one; the history fills it too);
+- batch: the chat prompts as ONE batch (generate_batch: every prompt its own row and γ), the engine loaded
+  with a row per prompt.
 Printed: tokens/s per round and the median ratio defaults / γ 0 with its spread, fresh and mixed.
 
     env -u OMP_WAIT_POLICY .venv/bin/python scripts/bench_mixed.py --workloads edit,paraphrase,translate --rounds 3
+    env -u OMP_WAIT_POLICY .venv/bin/python scripts/bench_mixed.py --workloads long-agent,batch --rounds 3
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import time
 
 import exactspec
 from exactspec.bench.agent import TOOL_PREFIX, load_agent_workload, opening
+from exactspec.bench.peer import long_agent
 from exactspec.bench.workloads import load_workload
+
+PREFIX_CACHE_MB = 256  # long-agent: the system prompt is reused across its sessions' steps, as in a server
 
 
 def history(engine, agent_steps: int, chats: int) -> None:
@@ -49,10 +57,52 @@ def timed(engine, prompts: list[str], max_new_tokens: int, work: dict | None = N
         stats = engine.generate([{"role": "user", "content": prompt}], max_new_tokens=max_new_tokens,
                                 temperature=0).stats
         tokens += stats.emitted
-        if work is not None:
-            for name in ("target_calls", "proposed", "accepted"):
-                work[name] = work.get(name, 0) + getattr(stats, name)
+        add_work(work, stats)
     return tokens / (time.perf_counter() - t0)
+
+
+def timed_long_agent(engine, work: dict | None = None) -> float:
+    """Tokens/s of the long-agent sessions' steps, interleaved round-robin (peer.py's order)."""
+    spec = long_agent()
+    sessions = [opening(spec, t) for t in spec["transcripts"]]
+    steps = [(i, t["steps"][k]) for k in range(max(len(t["steps"]) for t in spec["transcripts"]))
+             for i, t in enumerate(spec["transcripts"]) if k < len(t["steps"])]
+    t0, tokens = time.perf_counter(), 0
+    for i, tool in steps:
+        sessions[i].append({"role": "user", "content": TOOL_PREFIX + tool})
+        out = engine.generate(sessions[i], max_new_tokens=spec["max_new_tokens"], temperature=0)
+        sessions[i].append({"role": "assistant", "content": out.text})
+        tokens += out.stats.emitted
+        add_work(work, out.stats)
+    return tokens / (time.perf_counter() - t0)
+
+
+def timed_batch(engine, prompts: list[str], max_new_tokens: int, work: dict | None = None) -> float:
+    """Tokens/s of the prompts decoded as one batch."""
+    t0 = time.perf_counter()
+    results, stats = engine.generate_batch(prompts, max_new_tokens=max_new_tokens, temperature=0)
+    add_work(work, stats)
+    return sum(r.stats.emitted for r in results) / (time.perf_counter() - t0)
+
+
+def add_work(work: dict | None, stats) -> None:
+    if work is not None:
+        for name in ("target_calls", "proposed", "accepted"):
+            work[name] = work.get(name, 0) + getattr(stats, name)
+
+
+def run(workload: str, gamma, mixed: bool, args, work: dict | None = None) -> float:
+    """One configuration in one state: a fresh engine, its history if mixed, then the timed workload."""
+    prompts = load_workload("chat" if workload == "batch" else workload) if workload != "long-agent" else []
+    engine = exactspec.load(gamma=gamma, rows=len(prompts) if workload == "batch" else 1,
+                            prefix_cache_mb=PREFIX_CACHE_MB if workload == "long-agent" else 0)
+    if mixed:
+        history(engine, args.agent_steps, args.chats)
+    if workload == "long-agent":
+        return timed_long_agent(engine, work)
+    if workload == "batch":
+        return timed_batch(engine, prompts, args.max_new_tokens, work)
+    return timed(engine, prompts, args.max_new_tokens, work)
 
 
 def main() -> None:
@@ -66,20 +116,16 @@ def main() -> None:
     env = {k: os.environ.get(k, "") for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs; env {env}; exactspec {exactspec.__version__}", flush=True)
     for workload in args.workloads.split(","):
-        prompts = load_workload(workload)
-        timed(exactspec.load(gamma=0), prompts, args.max_new_tokens)  # warm-up: pages, allocator, caches
+        for gamma in ("auto", 0):  # warm-up: pages, allocator, caches; T(k) re-measured if provisional
+            run(workload, gamma, False, args)
         ratios = {"fresh": [], "mixed": []}
         work: dict = {}
         for r in range(args.rounds):
             speed = {}
             for gamma in (("auto", 0) if r % 2 == 0 else (0, "auto")):
                 for state in ("fresh", "mixed"):
-                    engine = exactspec.load(gamma=gamma)
-                    if state == "mixed":
-                        history(engine, args.agent_steps, args.chats)
-                    speed[gamma, state] = timed(engine, prompts, args.max_new_tokens,
-                                                work.setdefault(f"{gamma}/{state}", {}))
-                    del engine
+                    speed[gamma, state] = run(workload, gamma, state == "mixed", args,
+                                              work.setdefault(f"{gamma}/{state}", {}))
             for state in ratios:
                 ratios[state].append(speed["auto", state] / speed[0, state])
             print(json.dumps({"workload": workload, "round": r, **{f"{g}/{s}": round(v, 1) for (g, s), v in speed.items()},

@@ -3,77 +3,92 @@ quantizations of them: the model matrix of tests/models/test_model_matrix.py."""
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import numpy as np
 
-VOCAB = 64
-HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 4, 2, 64
-WINDOW = 8  # gemma3's sliding window: small, so prompts run past it
+
+@dataclass(frozen=True)
+class Shape:
+    vocab: int = 64
+    hidden: int = 256  # a multiple of 256: every K-quant applies
+    ffn: int = 512
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 64
+    window: int = 8  # gemma3's sliding window: small, so prompts run past it
+    gemma3_layers: int = 6  # every sixth layer global, the others windowed
+
+
+TINY = Shape()
+# Gemma 3 270M's shapes (random weights): a speed stand-in for the real file (scripts/bench_kquant_peer.py)
+GEMMA3_270M = Shape(vocab=262144, hidden=640, ffn=2048, heads=4, kv_heads=1, head_dim=256, window=512,
+                    gemma3_layers=18)
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 
-def write_gguf(arch: str, path: str, seed: int = 0, layers: int = 2, context: int = 512) -> str:
+def write_gguf(arch: str, path: str, seed: int = 0, layers: int = 2, context: int = 512, shape: Shape = TINY) -> str:
     import gguf
 
     rng = np.random.default_rng(seed)
 
-    def w(*shape: int, scale: float | None = None) -> np.ndarray:
-        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    def w(*dims: int, scale: float | None = None) -> np.ndarray:
+        scale = scale if scale is not None else 1.0 / np.sqrt(dims[-1])
+        return (rng.standard_normal(dims) * scale).astype(np.float32)
 
     def ones(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    layers = 6 if arch == "gemma3" else layers  # gemma3: every sixth layer global, the others windowed
+    layers = shape.gemma3_layers if arch == "gemma3" else layers
     writer = gguf.GGUFWriter(path, arch)
     writer.add_context_length(context)
-    writer.add_embedding_length(HIDDEN)
+    writer.add_embedding_length(shape.hidden)
     writer.add_block_count(layers)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
-    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     if arch == "gemma3":
-        writer.add_sliding_window(WINDOW)
+        writer.add_sliding_window(shape.window)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("llama")
-    writer.add_token_list(["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, VOCAB)])
-    writer.add_token_scores([0.0] * VOCAB)
+    writer.add_token_list(["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, shape.vocab)])
+    writer.add_token_scores([0.0] * shape.vocab)
     writer.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-                           + [gguf.TokenType.NORMAL] * (VOCAB - 3))
+                           + [gguf.TokenType.NORMAL] * (shape.vocab - 3))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(False)
-    writer.add_tensor("token_embd.weight", w(VOCAB, HIDDEN, scale=1.0))
+    writer.add_tensor("token_embd.weight", w(shape.vocab, shape.hidden, scale=1.0))
     for i in range(layers):
         b = f"blk.{i}."
-        writer.add_tensor(b + "attn_norm.weight", ones(HIDDEN))
-        writer.add_tensor(b + "attn_q.weight", w(HEADS * HEAD_DIM, HIDDEN))
-        writer.add_tensor(b + "attn_k.weight", w(KV_HEADS * HEAD_DIM, HIDDEN))
-        writer.add_tensor(b + "attn_v.weight", w(KV_HEADS * HEAD_DIM, HIDDEN))
-        writer.add_tensor(b + "attn_output.weight", w(HIDDEN, HEADS * HEAD_DIM))
+        writer.add_tensor(b + "attn_norm.weight", ones(shape.hidden))
+        writer.add_tensor(b + "attn_q.weight", w(shape.heads * shape.head_dim, shape.hidden))
+        writer.add_tensor(b + "attn_k.weight", w(shape.kv_heads * shape.head_dim, shape.hidden))
+        writer.add_tensor(b + "attn_v.weight", w(shape.kv_heads * shape.head_dim, shape.hidden))
+        writer.add_tensor(b + "attn_output.weight", w(shape.hidden, shape.heads * shape.head_dim))
         if arch == "qwen2":
-            for name, n in (("attn_q", HEADS), ("attn_k", KV_HEADS), ("attn_v", KV_HEADS)):
-                writer.add_tensor(b + name + ".bias", w(n * HEAD_DIM, scale=0.1))
+            for name, n in (("attn_q", shape.heads), ("attn_k", shape.kv_heads), ("attn_v", shape.kv_heads)):
+                writer.add_tensor(b + name + ".bias", w(n * shape.head_dim, scale=0.1))
         if arch in ("qwen3", "gemma3"):
-            writer.add_tensor(b + "attn_q_norm.weight", ones(HEAD_DIM))
-            writer.add_tensor(b + "attn_k_norm.weight", ones(HEAD_DIM))
+            writer.add_tensor(b + "attn_q_norm.weight", ones(shape.head_dim))
+            writer.add_tensor(b + "attn_k_norm.weight", ones(shape.head_dim))
         if arch == "gemma3":
-            writer.add_tensor(b + "post_attention_norm.weight", ones(HIDDEN))
-            writer.add_tensor(b + "post_ffw_norm.weight", ones(HIDDEN))
-        writer.add_tensor(b + "ffn_norm.weight", ones(HIDDEN))
-        writer.add_tensor(b + "ffn_gate.weight", w(FFN, HIDDEN))
-        writer.add_tensor(b + "ffn_up.weight", w(FFN, HIDDEN))
-        writer.add_tensor(b + "ffn_down.weight", w(HIDDEN, FFN))
-    writer.add_tensor("output_norm.weight", ones(HIDDEN))
+            writer.add_tensor(b + "post_attention_norm.weight", ones(shape.hidden))
+            writer.add_tensor(b + "post_ffw_norm.weight", ones(shape.hidden))
+        writer.add_tensor(b + "ffn_norm.weight", ones(shape.hidden))
+        writer.add_tensor(b + "ffn_gate.weight", w(shape.ffn, shape.hidden))
+        writer.add_tensor(b + "ffn_up.weight", w(shape.ffn, shape.hidden))
+        writer.add_tensor(b + "ffn_down.weight", w(shape.hidden, shape.ffn))
+    writer.add_tensor("output_norm.weight", ones(shape.hidden))
     if arch != "gemma3":
-        writer.add_tensor("output.weight", w(VOCAB, HIDDEN, scale=8.0 / np.sqrt(HIDDEN)))
+        writer.add_tensor("output.weight", w(shape.vocab, shape.hidden, scale=8.0 / np.sqrt(shape.hidden)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

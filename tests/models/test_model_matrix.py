@@ -7,10 +7,12 @@ greedy output (prompts run past the window), and reuses a cached prefix with the
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import pytest
 
+from exactspec.models.llamacpp.runtime import AMX_ROWS
 from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
@@ -48,6 +50,8 @@ def test_every_architecture_and_quant_decodes_exactly_with_a_named_verdict(sourc
     assert exact or (inexact and math.isfinite(float(inexact.group(2) or 0))), identity  # a reason, never "inf"
     if quant == "Q8_0" and "bit-exact" in embedded_llamacpp.runtime()["greedy_identity"]:
         assert exact, identity  # the kernels that make the embedded model bit-exact serve Q8_0 weights
+    if engine.target.repack and os.environ.get(AMX_ROWS) == "1":
+        assert exact, identity  # an AMX CPU: every row of these quants runs the AMX buffer's one-row kernel
 
     plain, stats = decode(engine, PROMPT, 0), Stats()
     assert decode(engine, PROMPT, 4, stats) == plain and stats.proposed > 0

@@ -34,6 +34,7 @@ import torch
 
 from ..speculative.interfaces import Proposal
 from ..speculative.sampling import SamplingParams
+from .rewrites import Rewrites
 
 ORDERS = (3, 2, 1)  # n-gram orders indexed, longest first (the prompt-lookup drafter's 3..1)
 CHAIN = 32  # earlier occurrences compared per lookup
@@ -219,7 +220,8 @@ class SuffixDrafter:
 
     Deterministic, so proposals are point masses (probs=None), exact at any temperature. `copies`: any
     prefix of a proposal may be verified (auto γ cuts it by the match length it reports). After each
-    proposal, `source` ("context" or "store") and `found` (the Match) say where it came from.
+    proposal, `source` ("context" or "store") and `found` (the Match) say where it came from. A copy from
+    the prompt writes what the answer has rewritten of it so far (`rewrites`, drafters/rewrites.py).
     `shortest`: matches shorter than this are not looked for (the auto drafter sets it to the shortest
     match auto γ could be paid for: in open chat a one-token match never is, and its lookup walks the
     most occurrences)."""
@@ -232,6 +234,7 @@ class SuffixDrafter:
         self.name = name or ("suffix" if own_context else "store")
         self.index = SuffixIndex(max_match=max_match, orders=orders) if own_context else None
         self._doc = self.index.new_doc() if self.index is not None else None
+        self.rewrites: Rewrites | None = Rewrites() if own_context else None  # None: copies verbatim only
         self._store_doc: int | None = None
         self._stored = 0  # context tokens written to the store (absolute offset in the context)
         self.source: str | None = None
@@ -251,7 +254,11 @@ class SuffixDrafter:
                 # not the context indexed so far (a new generation): start over
                 self.index = SuffixIndex(max_match=self.max_match, orders=self.orders)
                 self._doc, seen = self.index.new_doc(), 0
+            if self.rewrites is not None and not seen:  # a generation's first proposal: its context is the prompt
+                self.rewrites.start(len(context))
             self.index.extend(self._doc, context[seen:])
+            if self.rewrites is not None:
+                self.rewrites.track(context)
         if self.store is not None:
             self._write(context)
 
@@ -286,10 +293,15 @@ class SuffixDrafter:
         if k <= 0:
             return Proposal.empty()
         best = self.lookup(context)
+        if self.rewrites is not None:
+            best = self._through_rewrites(context, best)
         if best is None:
             return Proposal.empty()
         index, self.found = best
-        follow = index.continuation(self.found, k)
+        if index is self.index and self.rewrites is not None:
+            follow = self.rewrites.follow(context, self.found.at, k)
+        else:
+            follow = index.continuation(self.found, k)
         if index is self.store:  # another request's text: only as far as what the store saw agrees
             with self.store.lock:
                 follow = follow[: self.store.supported(context[-self.max_match:], follow)]
@@ -300,6 +312,18 @@ class SuffixDrafter:
         if not follow:
             return Proposal.empty()
         return Proposal(follow, None, self.found.length)  # a list (Proposal.tokens)
+
+    def _through_rewrites(self, context: list[int], best: tuple[SuffixIndex, Match] | None
+                          ) -> tuple[SuffixIndex, Match] | None:
+        """The lookup's match, or where the answer's copy of the prompt continues past its rewrites when
+        that copy has run longer than the match (the match then is the copy's run)."""
+        if best is not None and best[0] is self.index:
+            self.rewrites.anchor(context, best[1].at, best[1].length)
+        at = self.rewrites.at_tail(context)
+        if at is None or (best is not None and best[1].length > self.rewrites.run):
+            return best
+        self.source = "context"
+        return self.index, Match(self._doc, at, min(self.rewrites.run, self.max_match), 0, 0)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         pass

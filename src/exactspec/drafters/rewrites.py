@@ -1,0 +1,175 @@
+"""What an answer rewrites of the prompt it copies, learned while it is written, so that copies run through it.
+
+A reformatting answer (pretty-printed JSON, a renamed variable, a changed tense) copies its input
+between small rewrites: SmolLM2 writes the prompt's `"Alice",` ` "email"` as `"Alice",` `\\n ` ` "email"`,
+one token inserted per line. Prompt lookup loses the copy at each: the context's tail `",` `\\n ` is
+nowhere in the prompt, and the copy starts again only after a plain step or two.
+
+`Rewrites` follows the answer along the prompt: `aligned` is (the answer's last token, the prompt
+token it copies). After each commit the alignment walks on over tokens the answer copied as they are
+and over rewrites it already knows. Where it stops, the answer left the copy; once the answer copies
+the prompt again (MIN_MATCH tokens, within MAX_GAP on either side), the tokens between are a rule:
+these prompt tokens became those answer tokens (an insertion: the next prompt token became the inserted
+ones and it). A drafter copying from the prompt then writes each rule's output in place of its input
+(`follow`), so the copy runs on through the next line break. A rule that was proposed and not kept
+counts a miss; rules with as many misses as hits are not applied, and each rule keeps that count per
+prompt token before it too (` "` after a value's `",` is rewritten, inside `["English", "French"]` or
+after a key's `":` not): that count decides after a token seen before, and after a new one the rule is
+written only if it was kept after two others (a rename, not a format's one place).
+
+Rules are learned from this generation only (never from another request), and proposals stay point
+masses that the verifier checks like any copy: exactness is untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_GAP = 8  # longest rewrite learned, on either side (tokens)
+MIN_MATCH = 2  # tokens copied again after a rewrite that end it (one is too often chance)
+
+
+@dataclass
+class Rule:
+    src: tuple[int, ...]  # prompt tokens (non-empty)
+    out: tuple[int, ...]  # what the answer wrote in their place (may be empty)
+    hits: int = 0  # times the answer wrote it (learned, or proposed and kept)
+    misses: int = 0  # times a proposal of it was not kept
+    by_left: dict[int, int] = field(default_factory=dict)  # hits - misses after each prompt token seen before it
+
+    def trusted(self, left: int) -> bool:
+        """Whether to write it after prompt token `left`: as it went after that token; after a token not
+        seen before it, where it was kept after two others (a rename, not a format's one place) and
+        kept more often than not overall."""
+        if left in self.by_left:
+            return self.by_left[left] > 0
+        return sum(n > 0 for n in self.by_left.values()) >= 2 and self.hits > self.misses
+
+    def count(self, left: int, hit: bool) -> None:
+        self.hits, self.misses = self.hits + hit, self.misses + (not hit)
+        self.by_left[left] = self.by_left.get(left, 0) + (1 if hit else -1)
+
+
+@dataclass
+class Rewrites:
+    """The rules of one generation and its copy alignment. `start(prompt_len)` begins a generation."""
+
+    prompt_len: int = 0
+    rules: dict[int, list[Rule]] = field(default_factory=dict)  # by the first prompt token they rewrite
+    aligned: tuple[int, int] | None = None  # (context position, the prompt position it copies)
+    run: int = 0  # tokens aligned since the copy was last lost (a match length for auto γ's pricing)
+    _pending: tuple[int, list[tuple[Rule, int, int, int]], list[int]] | None = None  # (at, spans, tokens)
+
+    def start(self, prompt_len: int) -> None:
+        self.prompt_len, self.rules, self.aligned, self.run, self._pending = prompt_len, {}, None, 0, None
+
+    def track(self, context: list[int]) -> None:
+        """Score the last proposal's rules by what was committed, then walk the alignment on: over copied
+        tokens, known rewrites, and a new rewrite where the answer copies the prompt again after it."""
+        self._score(context)
+        if self.aligned is None:
+            return
+        a, q = self.aligned
+        while a + 1 < len(context):
+            if q + 1 < self.prompt_len and context[q + 1] == context[a + 1]:
+                a, q = a + 1, q + 1
+                self.run += 1
+                continue
+            rule = self._applies(context, q + 1, context, a + 1)
+            if rule is None:
+                rule = self._resync(context, a, q)
+            if rule is None:
+                break
+            a, q = a + len(rule.out), q + len(rule.src)
+            self.run += len(rule.out)
+        lost = len(context) - 1 - a > MAX_GAP + MIN_MATCH  # the answer went elsewhere: a lookup re-anchors
+        self.aligned = None if lost else (a, q)
+
+    def _resync(self, context: list[int], a: int, q: int) -> Rule | None:
+        """Where the answer (after position a) copies the prompt again (after prompt position q) for
+        MIN_MATCH tokens, within MAX_GAP tokens on either side: the rewrite between, learned (the
+        smallest gaps first; an insertion as a rewrite of the prompt token it went before). None while
+        the answer has not written enough to tell."""
+        starts: dict[tuple[int, ...], int] = {}  # the prompt's MIN_MATCH-grams after q, by their first position
+        for s in range(min(q + 1 + MAX_GAP, self.prompt_len - MIN_MATCH), q, -1):
+            starts[tuple(context[s:s + MIN_MATCH])] = s
+        best = None  # (i + j, i, j)
+        for i in range(min(MAX_GAP, len(context) - MIN_MATCH - a - 1) + 1):
+            s = starts.get(tuple(context[a + 1 + i:a + 1 + i + MIN_MATCH]))
+            if s is not None and (i or s > q + 1) and (best is None or i + s - q - 1 < best[0]):
+                best = (i + s - q - 1, i, s - q - 1)
+        if best is None:
+            return None
+        _, i, j = best
+        o, s = a + 1 + i, q + 1 + j
+        if j == 0:  # nothing of the prompt left out: the insertion goes with the next prompt token
+            o, s = o + 1, s + 1
+        return self._learn(context[q], tuple(context[q + 1:s]), tuple(context[a + 1:o]))
+
+    def anchor(self, context: list[int], at: int, length: int) -> None:
+        """A lookup found the context's last `length` tokens copying the prompt up to position `at`
+        (exclusive): the alignment starts there where it was lost (or never found), or where it does
+        not reach the tail and this match is no chance (MIN_MATCH tokens)."""
+        if at > self.prompt_len or (self.aligned is not None and
+                                    (self.aligned[0] == len(context) - 1 or length < MIN_MATCH)):
+            return
+        self.aligned, self.run = (len(context) - 1, at - 1), length
+
+    def at_tail(self, context: list[int]) -> int | None:
+        """The prompt position the answer's copy continues from, where the alignment reaches the tail."""
+        if self.aligned is None or self.aligned[0] != len(context) - 1 or self.aligned[1] + 1 >= self.prompt_len:
+            return None
+        return self.aligned[1] + 1
+
+    def follow(self, context: list[int], at: int, k: int) -> list[int]:
+        """Up to k tokens copied from context position `at` on, each trusted rule's output written in place
+        of its prompt tokens (inside the prompt only); remembered, to score the rules by what is kept."""
+        out: list[int] = []
+        spans: list[tuple[Rule, int, int, int]] = []  # a rule written, the token before it, where in `out`
+        c = at
+        while len(out) < k and c < len(context):
+            rule = self._applies(context, c, None, 0) if c < self.prompt_len else None
+            if rule is not None:
+                spans.append((rule, context[c - 1], len(out), len(out) + len(rule.out)))
+                out.extend(rule.out)
+                c += len(rule.src)
+            else:
+                out.append(context[c])
+                c += 1
+        out = out[:k]
+        self._pending = (len(context), spans, out) if spans else None
+        return out
+
+    def _applies(self, source: list[int], c: int, answer: list[int] | None, o: int) -> Rule | None:
+        """The longest trusted rule whose prompt side starts at source[c] (and, given `answer`, whose
+        output is what the answer wrote from answer[o] on)."""
+        if c >= len(source) or c == 0:
+            return None
+        best = None
+        for rule in self.rules.get(source[c], ()):
+            if (rule.trusted(source[c - 1]) and c + len(rule.src) <= self.prompt_len and tuple(source[c:c + len(rule.src)]) == rule.src
+                    and (answer is None or (rule.out and tuple(answer[o:o + len(rule.out)]) == rule.out))
+                    and (best is None or len(rule.src) > len(best.src))):
+                best = rule
+        return best
+
+    def _learn(self, left: int, src: tuple[int, ...], out: tuple[int, ...]) -> Rule:
+        rules = self.rules.setdefault(src[0], [])
+        rule = next((r for r in rules if r.src == src and r.out == out), None)
+        if rule is None:
+            rules.append(rule := Rule(src, out))
+        rule.count(left, True)
+        return rule
+
+    def _score(self, context: list[int]) -> None:
+        """Each rule the last proposal wrote: a hit if the committed tokens kept its output whole, a
+        miss if they left it inside; unknown if the proposal was cut before it."""
+        if self._pending is None:
+            return
+        at, spans, proposed = self._pending
+        self._pending = None
+        committed = context[at:at + len(proposed)]
+        kept = next((i for i, (p, c) in enumerate(zip(proposed, committed)) if p != c), len(committed))
+        for rule, left, begin, end in spans:
+            if kept >= end or (kept < len(committed) and begin <= kept):  # else cut before it: unknown
+                rule.count(left, kept >= end)

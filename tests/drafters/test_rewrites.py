@@ -1,0 +1,74 @@
+"""Rewrites: a copy from the prompt runs on through what the answer has rewritten of it (a reformatting
+answer), a rewrite proposed and rejected stops being written, and nothing carries over to another
+generation. Token ids stand for text: 10, 11 = `",` and ` "`; 99 = `",\\n  "`, the answer's one token
+in their place."""
+
+from __future__ import annotations
+
+from exactspec.drafters.rewrites import MAX_GAP, Rewrites
+from exactspec.drafters.suffix import PromptLookupDrafter
+from exactspec.speculative.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0)
+KEYS = [(20, 7), (21, 8), (22, 9), (23, 12), (24, 13), (25, 14)]  # key, value tokens
+PROMPT = [1, 2, 5] + [t for i, (k, v) in enumerate(KEYS) for t in ([10, 11] if i else []) + [k, 6, v]] + [3]
+ANSWER = [5] + [t for i, (k, v) in enumerate(KEYS) for t in ([99] if i else []) + [k, 6, v]] + [3]
+
+
+def write(drafter, prompt: list[int], answer: list[int], k: int = 8) -> list[tuple[list[int], int]]:
+    """The answer written as the decode loop would at greedy: each call proposes, the longest agreeing
+    prefix is kept and the target's own next token appended. -> (proposal, kept) per call."""
+    context, calls = list(prompt), []
+    while len(context) < len(prompt) + len(answer):
+        proposal = drafter.propose(context, k, GREEDY, None).tokens()
+        truth = answer[len(context) - len(prompt):]
+        kept = next((i for i, (p, t) in enumerate(zip(proposal, truth)) if p != t), min(len(proposal), len(truth)))
+        context += truth[:kept + 1]
+        calls.append((proposal, kept))
+    return calls
+
+
+def test_a_copy_runs_through_a_rewrite_the_answer_has_made_before():
+    calls = write(PromptLookupDrafter(), PROMPT, ANSWER)
+    # learned after two values (7, 8), written after any: two lines ahead, the rewrites in place, all kept
+    assert ([23, 6, 12, 99, 24, 6, 13, 99], 8) in calls, calls
+    assert len(calls) <= 8, calls  # 22 tokens; a lookup without rewrites needs 12 calls (below)
+    plain = PromptLookupDrafter()
+    plain.rewrites = None
+    assert len(write(plain, PROMPT, ANSWER)) >= 12
+
+
+def test_a_rewrite_that_is_proposed_and_rejected_stops_being_written():
+    # the answer rewrites `", "` between the first keys, then keeps it as it is (an inline array)
+    answer = [5, 20, 6, 7, 99, 21, 6, 8, 99, 22, 6, 9, 10, 11, 23, 6, 12, 10, 11, 24, 6, 13, 10, 11, 25, 6, 14, 3]
+    drafter = PromptLookupDrafter()
+    calls = write(drafter, PROMPT, answer)
+    (rule,), = drafter.rewrites.rules.values()
+    assert rule.src == (10, 11) and rule.out == (99,), rule
+    assert ([24, 6, 13, 99, 25, 6, 14, 3], 3) in calls, calls  # written after 13 (it was kept after 7 and 8) ...
+    assert rule.by_left[13] < 0 and not rule.trusted(13), rule  # ... and not kept: not written after 13 again
+    assert rule.trusted(7) and rule.trusted(8)
+
+
+def test_rules_belong_to_one_generation():
+    drafter = PromptLookupDrafter()
+    write(drafter, PROMPT, ANSWER)
+    assert drafter.rewrites.rules
+    drafter.propose([4, 4] + PROMPT, 8, GREEDY, None)  # another request's prompt: a new generation
+    assert not drafter.rewrites.rules and drafter.rewrites.prompt_len == len(PROMPT) + 2
+
+
+def test_a_rewrite_is_learned_only_within_the_gap_it_may_span():
+    rewrites = Rewrites()
+    prompt = [1, 2, 3, 4] + list(range(30, 30 + MAX_GAP + 1)) + [5, 6, 7]
+    rewrites.start(len(prompt))
+    context = prompt + [1, 2, 3, 4]
+    rewrites.anchor(context, 4, 4)
+    rewrites.track(context + [99, 5, 6, 7])  # the answer skips MAX_GAP + 1 prompt tokens: no rule
+    assert not rewrites.rules
+    rewrites = Rewrites()
+    rewrites.start(len(prompt))
+    rewrites.anchor(context, 4, 4)
+    rewrites.track(context + [99, 38, 5, 6])  # MAX_GAP prompt tokens became one: a rule, and aligned on
+    assert [(r.src, r.out) for rs in rewrites.rules.values() for r in rs] == [(tuple(range(30, 30 + MAX_GAP)), (99,))]
+    assert rewrites.at_tail(context + [99, 38, 5, 6]) == len(prompt) - 1
