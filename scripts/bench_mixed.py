@@ -2,8 +2,8 @@
 would meet them: what auto γ learned on earlier requests (acceptance by match length, probe gaps, T(k)
 refinement) must not misprice the request at hand.
 
-Per round, for each configuration (the defaults, γ 0; their order alternates round by round), one fresh
-engine per state, in this process: FRESH times the workload's prompts on a new engine; MIXED first
+Per round and state, each configuration (the defaults, γ 0; their order alternates round by round) on a
+fresh engine, in this process, the two back to back: FRESH times the workload's prompts on a new engine; MIXED first
 serves a history (agent steps, then chat, untimed) and then times the same prompts. Each prompt is its
 own request, greedy, prefix cache off (no prompt is shared between the history and the workload), except:
 - long-agent: the peer bench's 3 agent sessions interleaved behind a ~3.3k-token tool-spec system prompt,
@@ -122,8 +122,8 @@ def main() -> None:
         work: dict = {}
         for r in range(args.rounds):
             speed = {}
-            for gamma in (("auto", 0) if r % 2 == 0 else (0, "auto")):
-                for state in ("fresh", "mixed"):
+            for state in ("fresh", "mixed"):  # the two configurations of a state back to back: this VM drifts
+                for gamma in (("auto", 0) if r % 2 == 0 else (0, "auto")):
                     speed[gamma, state] = run(workload, gamma, state == "mixed", args,
                                               work.setdefault(f"{gamma}/{state}", {}))
             for state in ratios:
