@@ -5,11 +5,13 @@ refinement) must not misprice the request at hand.
 Per round and state, each configuration (the defaults, γ 0; their order alternates round by round) on a
 fresh engine, in this process, the two back to back: FRESH times the workload's prompts on a new engine; MIXED first
 serves a history (agent steps, then chat, untimed) and then times the same prompts. Each prompt is its
-own request, greedy, prefix cache off (no prompt is shared between the history and the workload), except:
+own request, greedy, prefix cache off. No prompt or tool output is shared between the history and the
+workload: its agent steps are agent-repeat's sessions (the same kinds of task as agent.json's, other
+values), its chats the LAST chat prompts (the batch times the others). Except:
 - long-agent: the peer bench's 3 agent sessions interleaved behind a ~3.3k-token tool-spec system prompt,
   step by step, with a 256 MiB in-memory prefix cache (as a server holds one; the history fills it too);
-- batch: the chat prompts as ONE batch (generate_batch: every prompt its own row and γ), the engine loaded
-  with a row per prompt.
+- batch: the chat prompts the history does not send, as ONE batch (generate_batch: every prompt its own
+  row and γ), the engine loaded with a row per prompt.
 Printed: tokens/s per round and the median ratio defaults / γ 0 with its spread, fresh and mixed.
 
     env -u OMP_WAIT_POLICY .venv/bin/python scripts/bench_mixed.py --workloads edit,paraphrase,translate --rounds 3
@@ -26,16 +28,17 @@ import statistics
 import time
 
 import exactspec
-from exactspec.bench.agent import TOOL_PREFIX, load_agent_workload, opening
-from exactspec.bench.peer import long_agent
+from exactspec.bench.agent import TOOL_PREFIX, load_agent_repeat, opening
+from exactspec.bench.peer import interleaved_steps, long_agent
 from exactspec.bench.workloads import load_workload
 
 PREFIX_CACHE_MB = 256  # long-agent: the system prompt is reused across its sessions' steps, as in a server
 
 
 def history(engine, agent_steps: int, chats: int) -> None:
-    """Agent sessions' steps (their recorded tool outputs, the model's own answers), then chat prompts."""
-    work = load_agent_workload()
+    """Agent sessions' steps (agent-repeat's recorded tool outputs, the model's own answers), then the last
+    `chats` chat prompts."""
+    work = load_agent_repeat()
     done = 0
     for transcript in work["transcripts"]:
         messages = opening(work, transcript)
@@ -46,7 +49,7 @@ def history(engine, agent_steps: int, chats: int) -> None:
             out = engine.generate(messages, max_new_tokens=work["max_new_tokens"], temperature=0)
             messages.append({"role": "assistant", "content": out.text})
             done += 1
-    for prompt in load_workload("chat")[:chats]:
+    for prompt in load_workload("chat")[len(load_workload("chat")) - chats:]:
         engine.generate([{"role": "user", "content": prompt}], max_new_tokens=64, temperature=0)
 
 
@@ -65,8 +68,7 @@ def timed_long_agent(engine, work: dict | None = None) -> float:
     """Tokens/s of the long-agent sessions' steps, interleaved round-robin (peer.py's order)."""
     spec = long_agent()
     sessions = [opening(spec, t) for t in spec["transcripts"]]
-    steps = [(i, t["steps"][k]) for k in range(max(len(t["steps"]) for t in spec["transcripts"]))
-             for i, t in enumerate(spec["transcripts"]) if k < len(t["steps"])]
+    steps = interleaved_steps(spec)
     t0, tokens = time.perf_counter(), 0
     for i, tool in steps:
         sessions[i].append({"role": "user", "content": TOOL_PREFIX + tool})
@@ -93,7 +95,9 @@ def add_work(work: dict | None, stats) -> None:
 
 def run(workload: str, gamma, mixed: bool, args, work: dict | None = None) -> float:
     """One configuration in one state: a fresh engine, its history if mixed, then the timed workload."""
-    prompts = load_workload("chat" if workload == "batch" else workload) if workload != "long-agent" else []
+    chat = load_workload("chat")
+    prompts = chat[:len(chat) - args.chats] if workload == "batch" else (
+        load_workload(workload) if workload != "long-agent" else [])
     engine = exactspec.load(gamma=gamma, rows=len(prompts) if workload == "batch" else 1,
                             prefix_cache_mb=PREFIX_CACHE_MB if workload == "long-agent" else 0)
     if mixed:

@@ -195,9 +195,11 @@ class Scheduler:
             return []
 
     # --- decoding and delivery ---------------------------------------------------------------------
-    def step(self) -> None:
+    def step(self, until_last: bool = False) -> None:
         """One iteration of the batch (a chunk of the joining prompts first), each row's news delivered
-        to its job; joining requests whose consumers all left go first."""
+        to its job; joining requests whose consumers all left go first. `until_last`: the caller waits for
+        the batch's last row and has nothing queued (drafts priced by what they save the batch)."""
+        self._decoder.until_last = until_last
         for row in self._decoder.cancel_joining(lambda row: self._cancelled(row.key.job)):
             row.key.close(("done", True))
         try:
@@ -259,7 +261,7 @@ def run_jobs(engine, requests: list[list[Job]], stats: Stats | None = None,
     while waiting or scheduler.rows:
         scheduler.admit(scheduler.take(waiting))
         if scheduler.rows:
-            scheduler.step()
+            scheduler.step(until_last=not waiting)
     batch = scheduler.stats
     batch.decode_s += time.perf_counter() - start - (batch.prefill_s - prefill)
     jobs = [job for group in requests for job in group]

@@ -36,6 +36,8 @@ def test_the_client_reads_our_server(api, embedded_llamacpp, monkeypatch):
         for _ in range(2):
             again = peer.chat(api.base, [{"role": "user", "content": peer.load_workload("chat")[0]}], 8, {})
     assert again.cached > 0 and again.text == texts[0]  # the server's own count of prompt tokens from its cache
+    short = peer.run_workload(api.base, "short", {})  # the defaults, one short answer at a time
+    assert len(short.calls) == len(peer.load_workload("short")) and 0 < short.tokens <= 16 * len(short.calls)
     with pytest.raises(ExactSpecError, match="answered 400: .*max_tokens"):  # what the server said, one line
         peer.chat(api.base, [{"role": "user", "content": "hi"}], -1, {})
 

@@ -18,6 +18,7 @@ from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.engine import llamacpp_engine  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
 from exactspec.models.llamacpp.adapter import LlamaCppLM, load_llama_cpp  # noqa: E402
+from exactspec.speculative.auto_gamma import AutoGamma  # noqa: E402
 from exactspec.speculative.loop import decode_batch  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.speculative.verify import verify  # noqa: E402
@@ -191,11 +192,18 @@ def test_rows_that_depend_on_their_neighbours_decode_one_at_a_time(monkeypatch):
 
 
 @pytest.mark.parametrize("gamma", [4, "auto"])  # 4: every row 4 drafts; auto: a γ per row (unpadded rows)
-def test_greedy_rows_equal_rows_alone(engine, gamma):
+def test_greedy_rows_equal_rows_alone(engine, gamma, monkeypatch):
     """More prompts than rows: rows leave and join between iterations (continuous batching). Each row's
-    plain decoding alone is the reference (our own greedy identity on one row is test_llama_cpp's)."""
+    plain decoding alone is the reference (our own greedy identity on one row is test_llama_cpp's).
+    Auto γ prices a row's drafts by its own tokens while prompts wait for a row's place, and by what
+    they save the batch (the tokens each row has left) once none does."""
     batched_or_skip(engine)
+    asked, real = [], AutoGamma.ragged_widths
+    monkeypatch.setattr(AutoGamma, "ragged_widths", lambda self, alphas, base, left=None: asked.append(left)
+                        or real(self, alphas, base, left))
     together, stats = engine.generate_batch(PROMPTS, max_new_tokens=32, temperature=0, gamma=gamma)
+    if gamma == "auto":
+        assert None in asked and asked[-1] is not None and 0 < min(asked[-1]) <= max(asked[-1]) <= 32, asked
     assert stats.target_calls < sum(len(r.token_ids) for r in together)  # rows shared forwards
     for prompt, row in zip(PROMPTS, together):
         assert row.token_ids == engine.generate(prompt, max_new_tokens=32, temperature=0, gamma=0).token_ids

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exactspec.bench.workloads import load_workload
-from exactspec.speculative.auto_gamma import AutoGamma, ragged_widths
+from exactspec.speculative.auto_gamma import AutoGamma, batch_value, ragged_widths
 from exactspec.speculative.costs import CostModel, passes
 from exactspec.speculative.acceptance import bucket
 from exactspec.speculative.loop import decode
@@ -191,6 +191,29 @@ def test_ragged_batches_give_each_row_its_own_gamma():
         ragged.observe_target(5, 0.104, batch=8, lengths=[5] + [1] * 7)
     assert ragged.batch.extra == pytest.approx(0.052 / ragged.target_s[3], rel=0.01)
     assert ragged_widths(ragged, autos[1].alphas(lone), [1] * 8, 1.05) == [0] * 8
+
+
+def test_a_batch_that_ends_with_its_last_row_prices_drafts_by_what_they_save_it():
+    """`left` given (an offline batch, nothing queued): a lone row's copy saves that row's share of the
+    plain passes to come, not whole passes, while the other rows still have as far to go; it pays where
+    that row is the one the batch waits for, or where every row copies. Without `left` (a server: each
+    request waits for its own row) the lone copy pays as before."""
+    ragged = CostModel([0.0086 * r for r in Q41], ragged=True)
+    auto = AutoGamma(ragged)
+    auto.observe_step(1, 0.035, batch=8)  # 8 rows' plain step: T(1) + 7 rows of ~3.8 ms (seen here: 3.7)
+    for _ in range(30):
+        auto.observe(16, 16, match=20)
+    lone = auto.alphas([(20, 32)] + [(None, 0)] * 7)
+    assert ragged_widths(ragged, lone, [1] * 8, 1.05)[0] >= 8  # a server's request: its own tokens
+    assert ragged_widths(ragged, lone, [1] * 8, 1.05, left=[100] * 8) == [0] * 8  # no pass saved
+    ahead = ragged_widths(ragged, lone, [1] * 8, 1.05, left=[100] + [3] * 7)
+    assert ahead[0] >= 8 and ahead[1:] == [0] * 7, ahead  # the row the batch waits for
+    every = ragged_widths(ragged, auto.alphas([(20, 32)] * 8), [1] * 8, 1.05, left=[100] * 8)
+    assert min(every) >= 4, every  # all rows copy: the batch's passes shrink
+    value = batch_value(ragged, [100] * 8)
+    assert value([1.0] * 8) == pytest.approx(ragged.seconds(1, batch=8))  # a plain iteration is worth its cost
+    per_row = (0.035 - ragged.seconds(1)) / 7
+    assert value([5.0] + [1.0] * 7) - value([1.0] * 8) == pytest.approx(4 * per_row)
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -63,7 +63,7 @@ def add_bench_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
                        "from the figures beside them, and whether each row's texts equal its own plain row's")
     bench.add_argument("--peer-workloads", default="agent,long-agent,edit,chat,join",
                        help="comma list of agent, long-agent (3 sessions interleaved behind a ~3.3k-token system "
-                            "prompt of tool specs: step latency, TTFT), edit, chat, concurrent (the chat prompts 8 "
+                            "prompt of tool specs: step latency, TTFT), edit, chat, short (answers of a few tokens), concurrent (the chat prompts 8 "
                             "at a time), join (a long prompt arrives while a chat answer streams: the stream's worst "
                             "gap, the joiner's TTFT) (default %(default)s)")
     bench.add_argument("--peer-args", default="", metavar="ARGS", help="extra llama-server arguments for every row")

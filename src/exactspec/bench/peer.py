@@ -22,6 +22,8 @@ the spread of the per-round ratios is printed with it. Requests go through ONE p
                 tool specifications (workloads/long-agent.json), streamed: per-step latency (p50, p90,
                 mean; first steps and later ones apart) and time to first token
     edit, chat  their prompts, one request at a time
+    short       answers of a few tokens (a tool name, yes / no, a number), one request at a time:
+                where nothing is copied, what the defaults cost over `--gamma 0` per request
     concurrent  the chat prompts 8 at a time (llama-server gets --parallel 8)
     join        an edit answer streams; just after its first token the long-agent prompt arrives
                 (llama-server gets --parallel 2): the stream's worst gap between two tokens, the
@@ -50,8 +52,8 @@ from importlib import resources
 from ..errors import ExactSpecError
 from .workloads import load_workload
 
-WORKLOADS = ("agent", "long-agent", "edit", "chat", "concurrent", "join")
-MAX_TOKENS = {"edit": 320, "chat": 96, "concurrent": 96, "join": 320}  # agent, long-agent: the workload's own
+WORKLOADS = ("agent", "long-agent", "edit", "chat", "short", "concurrent", "join")
+MAX_TOKENS = {"edit": 320, "chat": 96, "short": 16, "concurrent": 96, "join": 320}  # agent, long-agent: the workload's own
 PARALLEL = {"concurrent": 8, "join": 2}  # llama-server slots the workload needs (ours batches without)
 LATENCY = ("long-agent", "join")  # streamed workloads, reported by latency
 SPEC = ("--spec-default",)  # llama-server's own speculation rows
@@ -226,6 +228,14 @@ def long_agent() -> dict:
     return {"system": system, "max_new_tokens": spec["max_new_tokens"], "transcripts": sessions}
 
 
+def interleaved_steps(work: dict) -> list[tuple[int, str]]:
+    """(session index, tool output) of every step of the work's transcripts, round-robin: every session's
+    first step, then every second, ... (as concurrent agents reach a server)."""
+    transcripts = work["transcripts"]
+    return [(i, t["steps"][k]) for k in range(max(len(t["steps"]) for t in transcripts))
+            for i, t in enumerate(transcripts) if k < len(t["steps"])]
+
+
 def run_workload(url: str, workload: str, extra: dict) -> Round:
     """One round of a workload against one server."""
     from .agent import TOOL_PREFIX, load_agent_workload, opening
@@ -234,8 +244,7 @@ def run_workload(url: str, workload: str, extra: dict) -> Round:
     if workload in ("agent", "long-agent"):
         work = load_agent_workload() if workload == "agent" else long_agent()
         sessions = [opening(work, t) for t in work["transcripts"]]
-        steps = [(i, tool) for k in range(max(len(t["steps"]) for t in work["transcripts"]))
-                 for i, t in enumerate(work["transcripts"]) if k < len(t["steps"]) for tool in [t["steps"][k]]]
+        steps = interleaved_steps(work)
         if workload == "agent":  # one session after another
             steps.sort(key=lambda step: step[0])
         for i, tool in steps:

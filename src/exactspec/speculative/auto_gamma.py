@@ -102,9 +102,10 @@ class AutoGamma:
         self.probes.skipped()
         return True
 
-    def ragged_widths(self, alphas: list[tuple[float, int]], base: list[int]) -> list[int]:
+    def ragged_widths(self, alphas: list[tuple[float, int]], base: list[int],
+                      left: list[int] | None = None) -> list[int]:
         """A ragged batch's drafts per row (module `ragged_widths`, at this policy's min_gain)."""
-        return ragged_widths(self.cost, alphas, base, self.min_gain)
+        return ragged_widths(self.cost, alphas, base, self.min_gain, left)
 
     def next_gamma(self, batch: int = 1, depth: int | None = None) -> int:
         """γ before drafting (model drafters: every row expects the same)."""
@@ -247,34 +248,61 @@ def _one_row(alpha: float, widest: int, costs: list[float], floor: list[float]) 
     return best, gain
 
 
-def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int]) -> tuple[list[int], float]:
+def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int],
+                left: list[int] | None = None) -> tuple[list[int], float]:
     """A ragged target's batch, its rows in cache order: row b scores base[b] tokens anyway and may add up
     to alphas[b][1] drafts, each accepted with alphas[b][0] -> (drafts per row, the predicted speed-up over
     scoring `base`). Drafts are added one at a time, each to the row whose next draft is likeliest
-    accepted (its g-th: α^g more tokens expected), and the count with the best E[tokens] / cost is kept."""
+    accepted (its g-th: α^g more tokens expected), and the count with the best value / cost is kept.
+
+    What a row's extra tokens are worth depends on who waits for them. `left` None (a server: each
+    request waits for its own row): the batch's plain iteration per row, as a lone request's tokens are
+    worth its T(1). `left` (tokens each row may still emit, in a batch that ends with its last row and
+    has no request waiting for a row's place): what they save the batch (`batch_value`)."""
     plain, batch = cost.ragged_seconds(base), len(base)
-    widths, best, gain, tokens = [0] * batch, [0] * batch, 1.0, float(batch)  # tokens: expected out
+    value = (lambda tokens: sum(tokens) / batch) if left is None else batch_value(cost, left)
+    tokens = [1.0] * batch  # expected out per row
+    widths, best, gain, unit = [0] * batch, [0] * batch, 1.0, value(tokens)
     queue = [(-alpha, b) for b, (alpha, avail) in enumerate(alphas) if avail > 0]
     heapq.heapify(queue)
     while queue and -queue[0][0] >= 0.01:
         more, b = heapq.heappop(queue)
-        widths[b], tokens = widths[b] + 1, tokens - more
+        widths[b], tokens[b] = widths[b] + 1, tokens[b] - more
         drafting = sum(cost.draft_seconds(w) for w in widths)
         seconds = cost.ragged_seconds([n + w for n, w in zip(base, widths)]) + drafting
-        value = tokens / batch / (seconds / plain)
-        if value > gain:
-            best, gain = list(widths), value
+        ratio = value(tokens) / unit / (seconds / plain)
+        if ratio > gain:
+            best, gain = list(widths), ratio
         alpha, avail = alphas[b]
         if widths[b] < avail:
             heapq.heappush(queue, (more * alpha, b))
     return best, gain
 
 
-def ragged_widths(cost: CostModel, alphas: list[tuple[float, int]], base: list[int], min_gain: float) -> list[int]:
+def batch_value(cost: CostModel, left: list[int]):
+    """What a batch that ends with its last row saves when row b emits tokens[b] (expected) this
+    iteration, in seconds of plain iterations to come: a plain iteration of n rows costs about
+    fixed + n * per_row (from T(1) and batched plain T(B)), so a row's token saves its per_row share of
+    the passes it no longer joins, and only what its LAST row gains (here: the least of the rows with
+    the most left) shortens the batch by whole passes. A copy in one row of eight whose answers all run
+    to their budget saves ~per_row a token, not a pass (measured: scripts/bench_mixed.py's batch)."""
+    single, together = cost.seconds(1), cost.seconds(1, batch=len(left))
+    per_row = min(max((together - single) / max(len(left) - 1, 1), 0.0), single)
+    fixed, longest = single - per_row, max(left)
+    last = [b for b, n in enumerate(left) if n == longest]
+
+    def value(tokens: list[float]) -> float:
+        return (fixed * min(min(tokens[b] for b in last), longest)
+                + per_row * sum(min(t, n) for t, n in zip(tokens, left)))
+    return value
+
+
+def ragged_widths(cost: CostModel, alphas: list[tuple[float, int]], base: list[int], min_gain: float,
+                  left: list[int] | None = None) -> list[int]:
     """`best_ragged`'s drafts where they are predicted to win by `min_gain`, else none. No probes (as
     `AutoGamma.choose` makes): here a probe costs a pass of its own (~T(1)), and what it would learn is
     learnt by the rows that do speculate."""
-    widths, gain = best_ragged(cost, alphas, base)
+    widths, gain = best_ragged(cost, alphas, base, left)
     return widths if any(widths) and gain >= min_gain else [0] * len(base)
 
 

@@ -330,8 +330,10 @@ class GammaPolicy(Protocol):
     def choose(self, rows: list[tuple], batch: int | None = None, depth: int | None = None) -> int:
         """One width (0 = plain) for its rows of (match length, proposal length[, kind])."""
 
-    def ragged_widths(self, alphas: list[tuple[float, int]], base: list[int]) -> list[int]:
-        """A ragged batch's drafts per row, each row scoring base[b] tokens anyway."""
+    def ragged_widths(self, alphas: list[tuple[float, int]], base: list[int],
+                      left: list[int] | None = None) -> list[int]:
+        """A ragged batch's drafts per row, each row scoring base[b] tokens anyway (`left`: the tokens each
+        row may still emit, where the batch ends with its last row; None: each row's tokens count alone)."""
 
     def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None,
                      depth: int | None = None) -> None:

@@ -70,6 +70,9 @@ class BatchDecoder:
         self.verifier = None if verifier is verify else verifier  # the test seam: an injected verifier
         self.stats = stats if stats is not None else Stats()  # prefill time, batched target calls
         self.rows: list[Row] = []  # in cache-row order
+        # set by an offline caller with nothing queued: the batch ends with its last row, and drafts are
+        # priced by what they save the batch (propose); else (a server) by the tokens each row gains
+        self.until_last = False
         # the adapter's optional capabilities (interfaces.py), checked once
         self._argmax_forward = target.forward_argmax if isinstance(target, ArgmaxSteps) else None  # one-row llama.cpp
         self._ragged = isinstance(target, RowContexts) and target.ragged  # batched llama.cpp: rows unpadded
@@ -219,7 +222,7 @@ class BatchDecoder:
         if not rows:
             return
         eos = self.target.eos_token_ids if self.stop_on_eos else set()
-        drafts = propose(rows, self.target.max_length - max(len(r.context) for r in rows), eos)
+        drafts = propose(rows, self.target.max_length - max(len(r.context) for r in rows), eos, self.until_last)
         t = time.perf_counter()
         scored = self._score(rows, drafts)
         emitted = [_accept(row, scored, j) for j, row in enumerate(rows)]
@@ -381,6 +384,7 @@ def decode_rows(target: CausalLM, rows: list[Row], batch_stats: Stats | None = N
     prefill and decode time, its batched target calls and the rows' counters summed."""
     batch_stats = batch_stats if batch_stats is not None else Stats()
     decoder = BatchDecoder(target, stop_on_eos, verifier, batch_stats)
+    decoder.until_last = True  # the caller has the batch's rows only, and all of them at its end
     decoder.start(rows)
     t_start = time.perf_counter()
     while decoder.rows or decoder.waiting:

@@ -54,13 +54,15 @@ def before_eos(proposal: Proposal | None, forced: int, eos: set[int]) -> Proposa
     return Proposal(tokens[:at], None, proposal.match) if at else None
 
 
-def propose(rows: list[Row], room: int, eos: set[int] = frozenset()) -> list[Draft]:
+def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last: bool = False) -> list[Draft]:
     """Every row's drafts, at most `room` past the longest context: grammar-forced tokens first (outside
     γ), then the drafter's `budget` (auto asked once per policy), a copy cut before a drafted EOS
     (`before_eos`; `eos`: the target's end-of-sequence ids); rows of copying drafters under auto
     are then cut to one width of the drafter's part per policy, priced by T(B, width + 1) (on a
     ragged target, to a width per row, priced by the passes they add; such a batch sits an iteration
-    out while its copies keep being cut to nothing, `GammaPolicy.resting`). A row whose
+    out while its copies keep being cut to nothing, `GammaPolicy.resting`; `until_last`: the batch ends
+    with its last row and no request waits for a row's place, so drafts are priced by what they save the
+    batch, not the tokens a row gains: auto_gamma.batch_value). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
     proposals, wants, resting = [], {}, {}
     for row in rows:
@@ -95,7 +97,7 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset()) -> list[Dra
         except Exception as e:  # a drafter's or a grammar's failure: this row alone fails (no drafts)
             row.error, proposal, forced = e, None, 0
         proposals.append((proposal, forced, time.perf_counter() - t, kind(row)))
-    widths = _copy_widths(rows, proposals)
+    widths = _copy_widths(rows, proposals, until_last)
     for policy, rested in resting.values():  # a batch that looked this iteration: did any copy pay?
         if not rested:
             policy.batch_drafted(any(widths.get(j, 0) for j, row in enumerate(rows) if row.gamma is policy))
@@ -145,7 +147,8 @@ def kind(row: Row) -> tuple | None:
     return (row.copier.source or "context", sampling_mode(row.params))
 
 
-def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]]) -> dict[int, int]:
+def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]],
+                 until_last: bool = False) -> dict[int, int]:
     """Row index -> the width its drafter's part is cut to, for the rows of copying drafters under auto:
     asked once per policy (`GammaPolicy.choose`: one width for all its rows); on a ragged target in a
     batch, for all such rows together, each its own (auto_gamma.ragged_widths: every row's extra pass is
@@ -162,7 +165,8 @@ def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, fl
         alphas = [found[j][0].alphas([found[j][1]])[0] if j in found else (0.0, 0) for j in range(len(rows))]
         base = [1 + forced if j in found else 1 + (len(p) if p is not None else 0)  # tokens scored anyway
                 for j, (p, forced, _, _) in enumerate(proposals)]
-        widths = policy.ragged_widths(alphas, base)
+        left = [row.max_new_tokens - row.produced for row in rows] if until_last else None
+        widths = policy.ragged_widths(alphas, base, left)
         return {j: widths[j] for j in found}
     members = {}  # id(policy) -> (policy, row indices, their (match, available, kind))
     for j, (row_policy, row) in found.items():
