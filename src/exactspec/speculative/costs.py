@@ -42,6 +42,8 @@ from .theory import expected_tokens
 
 
 TARGET_WEIGHT = 0.2  # how far one real iteration moves T(k)
+NEAR = 4  # a k-token pass also moves the widths up to this far from k, by half per token of distance: a
+# width auto γ has stopped choosing since its price rose learns from its neighbours' passes
 MAX_AUTO_GAMMA = 32  # the longest proposal auto may choose: T(k) is measured up to k = 33
 TARGET_DEPTHS = (100, 1000, 3000)  # context depths T(k) is measured at (capped by the target's context)
 
@@ -183,11 +185,17 @@ class CostModel:
         verification, timed by the decode loop). `measure_target` runs at one context length without the
         loop's bookkeeping; real decoding differs: on llama.cpp, attention over a 500-token grounded
         prompt took T(2)/T(1) to ~1.4 and T(3)/T(1) to ~1.9 where the measurement said 1.3 and 1.65.
-        Each observation (clipped to [0.5, 2]x, against outliers) moves T(k) by TARGET_WEIGHT; a k never
-        observed keeps its measured ratio to T(1). On a ragged target a batched iteration is priced by
-        its rows' `lengths` (new tokens per row; default k each). A one-row iteration at `depth` moves
-        the measured depths around it, each by its share of the interpolation (`target_seconds`): at a
-        measured depth (or None: the base), that depth's T(k) alone, by TARGET_WEIGHT."""
+        A one-token step moves T(1), and every T(k) by as much (what every pass pays once: reading the
+        weights); a wider pass moves what T(k) costs beyond T(1) (each extra token's compute), and that
+        of the widths near k by half as much per token of distance (`NEAR`). Each
+        observation is clipped to [0.5, 2]x of its prediction, against outliers, and moves by
+        TARGET_WEIGHT. The two parts drift apart on a shared machine: on a CPU whose memory was busier
+        at times, T(1) moved between ~4 and ~8 ms while T(8) stayed at ~25 ms, so a table that scaled
+        every T(k) with T(1) priced an 8-token pass at half its cost (docs/drafters.md). On a ragged
+        target a batched iteration is priced by its rows' `lengths` (new tokens per row; default k
+        each). A one-row iteration at `depth` moves the measured depths around it, each by its share of
+        the interpolation (`target_seconds`): at a measured depth (or None: the base), that depth's
+        T(k) alone, by TARGET_WEIGHT."""
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
         self.version += 1
@@ -195,19 +203,27 @@ class CostModel:
             return self._observe_ragged(lengths or [k] * batch, seconds)
         if batch > 1:
             return self._observe_batch(batch, k, seconds)
-        ratio = min(max(seconds / self.target_seconds(k, depth), 0.5), 2.0)  # observed / predicted
+        one = self.target_seconds(1, depth)
+        extra = self.target_seconds(k, depth) - one  # k > 1: predicted beyond T(1)
+        if k == 1:
+            ratio = seconds / one
+        else:
+            ratio = (seconds - one) / extra if extra > 0.0 else 1.0
+        ratio = min(max(ratio, 0.5), 2.0)  # observed / predicted
         i, w = self._span(depth)
         curves = self._curves()
         for j, share in ((i, 1.0 - min(w, 1.0)), (i + 1, min(w, 1.0))):
             if share <= 0.0:
                 continue
             _, curve, seen = curves[j]
-            old = curve[k - 1]
-            curve[k - 1] = old * (1.0 + TARGET_WEIGHT * share * (ratio - 1.0))
             seen[k - 1] += share >= 0.5
-            if k == 1:  # a k never observed at this depth keeps its measured ratio to T(1) (in place: shared)
-                scale = curve[0] / old
-                curve[1:] = [t if s else t * scale for t, s in zip(curve[1:], seen[1:])]
+            step = TARGET_WEIGHT * share * (ratio - 1.0)
+            if k == 1:  # every width pays the same step more or less (in place: the list is shared)
+                shift = curve[0] * step
+                curve[:] = [t + shift for t in curve]
+                continue
+            for near in range(max(2, k - NEAR), min(len(curve), k + NEAR) + 1):  # widths near k, less
+                curve[near - 1] = curve[0] + (curve[near - 1] - curve[0]) * (1.0 + step * 0.5 ** abs(near - k))
 
     def _observe_batch(self, batch: int, k: int, seconds: float) -> None:
         costs, key = self.batch, (batch, k)
