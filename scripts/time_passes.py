@@ -1,0 +1,49 @@
+"""The embedded model's pass times on this machine, as the llama.cpp adapter runs them: a 600-token
+prefill (best of 3), then the median of 7 forwards of k tokens after 100 and after 1,000 tokens of
+context. A quick check of what state a shared VM is in before timing anything else.
+
+    env -u OMP_WAIT_POLICY .venv/bin/python scripts/time_passes.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from exactspec.embedded import embedded_model_path
+from exactspec.models.llamacpp.numerics import load_self_tested
+
+KS = (1, 2, 3, 4, 6, 8)
+
+
+def main() -> None:
+    lm = load_self_tested(embedded_model_path())
+    ids = [(i * 7919) % 40000 + 100 for i in range(1200)]  # [1200] spread over the vocabulary
+
+    def prefill(n: int) -> float:
+        lm.reset()
+        t = time.perf_counter()
+        lm.prefill(torch.tensor([ids[:n]]))
+        return time.perf_counter() - t
+
+    best = min(prefill(600) for _ in range(3))
+    print(f"prefill 600 tokens: {best:.3f} s = {600 / best:.0f} tokens/s")
+    for depth in (100, 1000):
+        lm.reset()
+        lm.prefill(torch.tensor([ids[:depth]]))
+        row = []
+        for k in KS:
+            times = []
+            for _ in range(7):
+                t = time.perf_counter()
+                lm.forward(torch.tensor([ids[depth:depth + k]]))
+                times.append(time.perf_counter() - t)
+                lm.truncate(depth)
+            row.append(statistics.median(times) * 1000)
+        print(f"depth {depth}: T({','.join(map(str, KS))}) ms: " + " ".join(f"{t:.1f}" for t in row))
+
+
+if __name__ == "__main__":
+    main()
