@@ -285,7 +285,8 @@ def batch_value(cost: CostModel, left: list[int]):
     fixed + n * per_row (from T(1) and batched plain T(B)), so a row's token saves its per_row share of
     the passes it no longer joins, and only what its LAST row gains (here: the least of the rows with
     the most left) shortens the batch by whole passes. A copy in one row of eight whose answers all run
-    to their budget saves ~per_row a token, not a pass (measured: scripts/bench_mixed.py's batch)."""
+    to their budget saves ~per_row a token, not a pass."""
+
     single, together = cost.seconds(1), cost.seconds(1, batch=len(left))
     per_row = min(max((together - single) / max(len(left) - 1, 1), 0.0), single)
     fixed, longest = single - per_row, max(left)

@@ -189,9 +189,9 @@ class CostModel:
         weights); a wider pass moves what T(k) costs beyond T(1) (each extra token's compute), and that
         of the widths near k by half as much per token of distance (`NEAR`). Each
         observation is clipped to [0.5, 2]x of its prediction, against outliers, and moves by
-        TARGET_WEIGHT. The two parts drift apart on a shared machine: on a CPU whose memory was busier
-        at times, T(1) moved between ~4 and ~8 ms while T(8) stayed at ~25 ms, so a table that scaled
-        every T(k) with T(1) priced an 8-token pass at half its cost (docs/drafters.md). On a ragged
+        TARGET_WEIGHT. The two parts drift apart on a shared machine (a CPU whose memory is busier at
+        some times than others: T(1) moves, T(8) hardly), where a table that scaled every T(k) with
+        T(1) priced wide passes at about half their cost (measured in docs/drafters.md). On a ragged
         target a batched iteration is priced by its rows' `lengths` (new tokens per row; default k
         each). A one-row iteration at `depth` moves the measured depths around it, each by its share of
         the interpolation (`target_seconds`): at a measured depth (or None: the base), that depth's
