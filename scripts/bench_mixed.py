@@ -49,7 +49,8 @@ def history(engine, agent_steps: int, chats: int) -> None:
             out = engine.generate(messages, max_new_tokens=work["max_new_tokens"], temperature=0)
             messages.append({"role": "assistant", "content": out.text})
             done += 1
-    for prompt in load_workload("chat")[len(load_workload("chat")) - chats:]:
+    chat = load_workload("chat")
+    for prompt in chat[len(chat) - chats:]:
         engine.generate([{"role": "user", "content": prompt}], max_new_tokens=64, temperature=0)
 
 
@@ -95,9 +96,11 @@ def add_work(work: dict | None, stats) -> None:
 
 def run(workload: str, gamma, mixed: bool, args, work: dict | None = None) -> float:
     """One configuration in one state: a fresh engine, its history if mixed, then the timed workload."""
-    chat = load_workload("chat")
-    prompts = chat[:len(chat) - args.chats] if workload == "batch" else (
-        load_workload(workload) if workload != "long-agent" else [])
+    if workload == "batch":  # the chat prompts the history does not send
+        chat = load_workload("chat")
+        prompts = chat[:len(chat) - args.chats]
+    else:
+        prompts = load_workload(workload) if workload != "long-agent" else []
     engine = exactspec.load(gamma=gamma, rows=len(prompts) if workload == "batch" else 1,
                             prefix_cache_mb=PREFIX_CACHE_MB if workload == "long-agent" else 0)
     if mixed:

@@ -204,10 +204,10 @@ class CostModel:
         if batch > 1:
             return self._observe_batch(batch, k, seconds)
         one = self.target_seconds(1, depth)
-        extra = self.target_seconds(k, depth) - one  # k > 1: predicted beyond T(1)
         if k == 1:
             ratio = seconds / one
-        else:
+        else:  # what the pass took beyond T(1), against what T(k) predicts beyond it
+            extra = self.target_seconds(k, depth) - one
             ratio = (seconds - one) / extra if extra > 0.0 else 1.0
         ratio = min(max(ratio, 0.5), 2.0)  # observed / predicted
         i, w = self._span(depth)
