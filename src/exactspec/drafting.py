@@ -42,6 +42,7 @@ class Drafting:
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
+        self._target_extra_at: list[float] = []  # CostModel.extra_at, shared like the rest
         self._saved_iterations = 0  # refined iterations already persisted (`save_costs`)
         self._depth_costs = DepthCosts()  # T(k) at deeper contexts, refined like _target_costs
         self._batch_costs = BatchCosts()  # T(B, k), refined by batched auto-gamma iterations
@@ -114,6 +115,7 @@ class Drafting:
             draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
                                                                   SamplingParams(temperature=1.0), k=MEASURED_DRAFT_K)
             self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations,
+                                           extra_at=self._target_extra_at,
                                            batch=self._batch_costs, ragged=isinstance(self.target, RowContexts) and self.target.ragged,
                                            depth=self._depth_costs, copies=draft in COPYING,
                                            draft_s_per_step=MEASURED_DRAFT_K * draft_s)
@@ -128,7 +130,7 @@ class Drafting:
         if seen - self._saved_iterations < min_iterations:
             return False
         depths = [self._depth_costs.base, *self._depth_costs.depths]
-        written = save_refined(self.target, depths, [self._target_costs, *self._depth_costs.seconds])
+        written = save_refined(self.target, depths, next(iter(self._costs.values())).curves())
         self._saved_iterations = seen
         return written
 

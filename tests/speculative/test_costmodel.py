@@ -250,11 +250,11 @@ def test_iterations_refine_the_depths_around_them():
     interpolation; at the base depth (or with no depth known) exactly as before depths existed. A wider
     pass moves what its width costs beyond T(1); a one-token step moves every width by as much."""
     cost = deep_costs()
-    before = [list(c) for _, c, _ in cost._curves()]
+    before = [list(c) for _, c, _, _ in cost._curves()]
     extra = lambda curve, k: curve[k - 1] - curve[0]  # noqa: E731
     one = cost.target_seconds(1, 1000)
     cost.observe_target(3, one + 2 * extra(before[1], 3), depth=1000)  # at a measured depth: it alone
-    after = [c for _, c, _ in cost._curves()]
+    after = [c for _, c, _, _ in cost._curves()]
     assert extra(after[1], 3) == pytest.approx(extra(before[1], 3) * 1.2)
     assert after[1][0] == before[1][0] and after[0] == before[0] and after[2] == before[2]
     assert cost.depth.observations[0][2] == 1 and cost.target_observations[2] == 0
@@ -269,7 +269,8 @@ def test_iterations_refine_the_depths_around_them():
     assert cost.depth.seconds[1] == pytest.approx([t - 0.1 * t1 for t in held])
     one = cost.target_seconds(1, 9000)
     cost.observe_target(2, one + 2 * (cost.target_seconds(2, 9000) - one), depth=9000)  # past the deepest: the deepest
-    assert extra(cost.depth.seconds[1], 2) == pytest.approx(extra(held, 2) * 1.2)
+    # priced with T(1) 0.9x what the extra was measured at: 0.9x it, then moved by the pass
+    assert extra(cost.depth.seconds[1], 2) == pytest.approx(extra(held, 2) * 0.9 * 1.2)
     base = list(cost.target_s)
     AutoGamma(cost).observe_step(1, 0.5 * base[0])  # no depth: the base curve, as before
     assert cost.target_s == pytest.approx([t - 0.1 * base[0] for t in base])
@@ -279,15 +280,40 @@ def test_iterations_refine_the_depths_around_them():
 def test_a_width_costs_what_it_adds_to_a_step():
     """The two parts of T(k) drift apart on a shared machine (measured on a 2-core VM: T(1) moved
     between ~4 and ~8 ms while T(8) stayed at ~25 ms). A table measured in the slow state, then one-token
-    steps in the fast one: T(8) keeps its extra cost over T(1) (scaled with T(1) it was priced at half)."""
+    steps in the fast one: T(1) follows them, and an 8-token pass is priced optimistically (its extra over
+    T(1) scaled down with T(1), never up) until 8-token passes are timed: then at what they take."""
     cost = CostModel(target_s=[0.008, 0.011, 0.014, 0.016, 0.019, 0.021, 0.023, 0.025])
     for _ in range(40):
         cost.observe_target(1, 0.004)
-    assert cost.target_s[0] == pytest.approx(0.004, rel=0.01)
-    assert cost.target_s[7] == pytest.approx(0.021, rel=0.01)  # 0.004 + (0.025 - 0.008)
-    for _ in range(40):  # 8-token passes that cost 0.038: the width's part doubles (clipped per pass)
+    assert cost.target_seconds(1) == pytest.approx(0.004, rel=0.01)
+    assert cost.target_seconds(8) == pytest.approx(0.004 + 0.017 / 2, rel=0.02)  # the extra, halved with T(1)
+    for _ in range(40):  # 8-token passes that cost 0.038: the width's part, as measured (clipped per pass)
         cost.observe_target(8, 0.004 + 2 * 0.017)
-    assert cost.target_s[7] == pytest.approx(0.004 + 2 * 0.017, rel=0.01) and cost.target_s[0] == pytest.approx(0.004, rel=0.01)
+    assert cost.target_seconds(8) == pytest.approx(0.004 + 2 * 0.017, rel=0.01)
+    assert cost.target_seconds(1) == pytest.approx(0.004, rel=0.01)
+    assert cost.curves()[0][7] == pytest.approx(cost.target_seconds(8))  # what a later start begins from
+
+
+def test_a_stale_table_heals_because_wide_passes_look_cheap_not_dear():
+    """A table measured while the machine was slow (every T(k) twice today's): one-token steps bring T(1)
+    down, and the wide passes must not keep their slow extras (priced dear, they were never chosen, so
+    never timed again: the embedded demo then drafted 3 tokens in 97 steps). Priced with the extras scaled
+    down as T(1) fell, a copy pays again at once; T(1) rising never raises an extra (its passes, chosen,
+    are timed)."""
+    today = [0.005 + 0.0015 * k for k in range(33)]
+    cost = CostModel(target_s=[2 * t for t in today], copies=True)
+    auto = AutoGamma(cost)
+    copy = [(12, 32, ("context", "greedy"))]  # a 12-token match into a copy of the prompt
+    fresh = AutoGamma(CostModel(target_s=list(today), copies=True)).choose(copy)
+    assert fresh > 2
+    for _ in range(60):
+        cost.observe_target(1, today[0])
+    assert cost.target_seconds(1) == pytest.approx(today[0], rel=0.01)
+    assert auto.choose(copy) == fresh  # the ratios as measured, not T(k) - T(1) of the slow table
+    slow = CostModel(target_s=list(today))
+    for _ in range(60):
+        slow.observe_target(1, 2 * today[0])
+    assert slow.target_seconds(9) == pytest.approx(2 * today[0] + today[8] - today[0], rel=0.01)  # extra kept
 
 
 def test_a_drafter_slower_than_its_gain_gets_gamma_zero():

@@ -58,10 +58,13 @@ class DepthCosts:
     depths: list[int] = field(default_factory=list)  # ascending, each > base
     seconds: list[list[float]] = field(default_factory=list)  # [D][K]: T(k) at depths[d]
     observations: list[list[int]] = field(default_factory=list)  # [D][K]
+    extra_at: list[list[float]] = field(default_factory=list)  # [D][K]: as CostModel.extra_at, per depth
 
     def __post_init__(self) -> None:
         if len(self.observations) != len(self.seconds):
             self.observations = [[0] * len(row) for row in self.seconds]
+        if len(self.extra_at) != len(self.seconds):
+            self.extra_at = [[row[0]] * len(row) for row in self.seconds]
 
 
 @dataclass
@@ -76,6 +79,21 @@ class BatchCosts:
     # ragged targets (see the module docstring)
     plain: dict[int, float] = field(default_factory=dict)  # T(B, B), B > 1: batched plain, observed
     extra: float = 1.0  # what iterations cost beyond batched plain, observed / priced
+
+
+def _as_priced(curve: list[float], extra_at: list[float], start: int, stop: int) -> list[float]:
+    """curve[start:stop] as auto γ prices it: T(1), and each width's extra over T(1) scaled down by how far
+    T(1) has fallen since that extra was last measured (`CostModel.extra_at`), never up.
+
+    One-token steps move T(1), and every width by as much (`observe_target`): a table measured while
+    the machine was slow, then T(1) refined down as its steps ran faster, kept the wide passes' slow
+    extras, so they looked dear, were never chosen, and never measured again (on the embedded demo,
+    whose answer copies its prompt: 97 target calls for 100 tokens, one in ten drafted). Priced so, a
+    table that is wrong errs towards trying a wide pass, whose time then corrects it; where the extras
+    really held while T(1) fell (a VM whose memory got quieter), the passes tried measure that."""
+    one = curve[0]
+    return [t if k == 0 else one + (t - one) * min(1.0, one / extra_at[k])
+            for k, t in enumerate(curve[start:stop], start)]
 
 
 def passes(lengths: list[int]) -> list[tuple[int, int]]:
@@ -111,15 +129,21 @@ class CostModel:
     draft_s_per_step: float = 0.0  # seconds the drafter spends per proposal (whatever its length)
     draft_step_observations: int = 0
     version: int = 0  # observations so far (what AutoGamma's per-iteration price list is keyed by)
+    # [K]: T(1) when what each width adds over it was last measured (`observe_target`; filled in place
+    # where empty, so a list the cost models of one target share stays shared)
+    extra_at: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.target_observations:
             self.target_observations = [0] * len(self.target_s)
+        if not self.extra_at:
+            self.extra_at[:] = [self.target_s[0]] * len(self.target_s)
 
-    def _curves(self) -> list[tuple[int, list[float], list[int]]]:
-        """(depth, T(k) there, its observation counts), shallowest first."""
+    def _curves(self) -> list[tuple[int, list[float], list[int], list[float]]]:
+        """(depth, T(k) there, its observation counts, `extra_at` there), shallowest first."""
         d = self.depth
-        return [(d.base, self.target_s, self.target_observations), *zip(d.depths, d.seconds, d.observations)]
+        return [(d.base, self.target_s, self.target_observations, self.extra_at),
+                *zip(d.depths, d.seconds, d.observations, d.extra_at)]
 
     def _span(self, depth: int | None) -> tuple[int, float]:
         """-> (i, w): T(k) at `depth` is (1 - w) · curve i + w · curve i+1 (w = 0: curve i alone; w > 1:
@@ -145,9 +169,9 @@ class CostModel:
         """[T(start + 1), ..., T(stop)] at `depth` (`target_seconds`)."""
         i, w = self._span(depth)
         if w == 0.0:
-            return self.target_s[start:stop]
+            return _as_priced(self.target_s, self.extra_at, start, stop)
         curves = self._curves()
-        lo, hi = curves[i][1][start:stop], curves[i + 1][1][start:stop]
+        lo, hi = (_as_priced(curve, at, start, stop) for _, curve, _, at in curves[i:i + 2])
         out = [(1.0 - w) * a + w * b for a, b in zip(lo, hi)]
         if w > 1.0:
             deepest = curves[i + 1][0]
@@ -215,15 +239,18 @@ class CostModel:
         for j, share in ((i, 1.0 - min(w, 1.0)), (i + 1, min(w, 1.0))):
             if share <= 0.0:
                 continue
-            _, curve, seen = curves[j]
+            _, curve, seen, extra_at = curves[j]
             seen[k - 1] += share >= 0.5
             step = TARGET_WEIGHT * share * (ratio - 1.0)
             if k == 1:  # every width pays the same step more or less (in place: the list is shared)
                 shift = curve[0] * step
                 curve[:] = [t + shift for t in curve]
                 continue
-            for near in range(max(2, k - NEAR), min(len(curve), k + NEAR) + 1):  # widths near k, less
-                curve[near - 1] = curve[0] + (curve[near - 1] - curve[0]) * (1.0 + step * 0.5 ** abs(near - k))
+            near = range(max(2, k - NEAR), min(len(curve), k + NEAR) + 1)  # widths near k, less
+            priced = _as_priced(curve, extra_at, 0, len(curve))
+            for n in near:  # each width's extra as priced, now measured again at this T(1)
+                curve[n - 1], extra_at[n - 1] = priced[n - 1], curve[0]
+                curve[n - 1] = curve[0] + (curve[n - 1] - curve[0]) * (1.0 + step * 0.5 ** abs(n - k))
 
     def _observe_batch(self, batch: int, k: int, seconds: float) -> None:
         costs, key = self.batch, (batch, k)
@@ -317,8 +344,13 @@ class CostModel:
         return max(range(self.max_gamma + 1), key=lambda g: (self.predicted_speedup(alpha, g, depth), -g))
 
     def depths(self) -> dict[str, list[float]]:
-        """Measured depth -> T(k) there (k = 1..K), as refined so far."""
-        return {str(depth): list(curve) for depth, curve, _ in self._curves()}
+        """Measured depth -> T(k) there (k = 1..K), as refined so far and priced."""
+        return {str(depth): _as_priced(curve, at, 0, len(curve)) for depth, curve, _, at in self._curves()}
+
+    def curves(self) -> list[list[float]]:
+        """T(k) at each measured depth, shallowest first, as priced now (what `measure.save_refined`
+        persists: a later start begins from these prices)."""
+        return [_as_priced(curve, at, 0, len(curve)) for _, curve, _, at in self._curves()]
 
     def to_dict(self) -> dict:
         d = asdict(self)
