@@ -1,12 +1,15 @@
 """The embedded model's pass times on this machine, as the llama.cpp adapter runs them: a 600-token
 prefill (best of 3), then the median of 7 forwards of k tokens after 100 and after 1,000 tokens of
-context. A quick check of what state a shared VM is in before timing anything else.
+context. A quick check of what state a shared VM is in before timing anything else. `--loop K`
+instead: the mean of k-token passes after 100 tokens, repeated for 4 s (one build against another,
+process by process).
 
-    env -u OMP_WAIT_POLICY .venv/bin/python scripts/time_passes.py
+    env -u OMP_WAIT_POLICY .venv/bin/python scripts/time_passes.py [--loop 4]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -19,8 +22,13 @@ KS = (1, 2, 3, 4, 6, 8)
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--loop", type=int, metavar="K", help="only: the mean k-token pass after 100 tokens, for 4 s")
+    args = p.parse_args()
     lm = load_self_tested(embedded_model_path())
     ids = [(i * 7919) % 40000 + 100 for i in range(1200)]  # [1200] spread over the vocabulary
+    if args.loop:
+        return loop(lm, ids, args.loop)
 
     def prefill(n: int) -> float:
         lm.reset()
@@ -43,6 +51,17 @@ def main() -> None:
                 lm.truncate(depth)
             row.append(statistics.median(times) * 1000)
         print(f"depth {depth}: T({','.join(map(str, KS))}) ms: " + " ".join(f"{t:.1f}" for t in row))
+
+
+def loop(lm, ids: list[int], k: int, depth: int = 100, seconds: float = 4.0) -> None:
+    lm.reset()
+    lm.prefill(torch.tensor([ids[:depth]]))
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        lm.forward_argmax(ids[depth:depth + k])  # as greedy decoding runs a pass: no logits copied out
+        lm.truncate(depth)
+        n += 1
+    print(f"depth {depth}: {k}-token pass, mean of {n}: {(time.perf_counter() - start) / n * 1000:.2f} ms")
 
 
 if __name__ == "__main__":
