@@ -87,10 +87,10 @@ def _as_priced(curve: list[float], extra_at: list[float], start: int, stop: int)
 
     One-token steps move T(1), and every width by as much (`observe_target`): a table measured while
     the machine was slow, then T(1) refined down as its steps ran faster, kept the wide passes' slow
-    extras, so they looked dear, were never chosen, and never measured again (on the embedded demo,
-    whose answer copies its prompt: 97 target calls for 100 tokens, one in ten drafted). Priced so, a
-    table that is wrong errs towards trying a wide pass, whose time then corrects it; where the extras
-    really held while T(1) fell (a VM whose memory got quieter), the passes tried measure that."""
+    extras, so they looked dear, were never chosen, and never measured again (`make run`'s demo, whose
+    answer copies its prompt, then drafted almost nothing: docs/drafters.md). Priced so, a table that is
+    wrong errs towards trying a wide pass, whose time then corrects it; where the extras really held
+    while T(1) fell (a VM whose memory got quieter), the passes tried measure that."""
     one = curve[0]
     return [t if k == 0 else one + (t - one) * min(1.0, one / extra_at[k])
             for k, t in enumerate(curve[start:stop], start)]
@@ -278,9 +278,9 @@ class CostModel:
         """T(1, B·k), extrapolated linearly past the measured k."""
         rows, K = batch * k, len(self.target_s)
         if rows <= K:
-            return self.target_s[rows - 1]
-        slope = max((self.target_s[-1] - self.target_s[0]) / max(K - 1, 1), 0.0)
-        return self.target_s[-1] + slope * (rows - K)
+            return self.target_seconds(rows)
+        first, last = self.target_seconds(1), self.target_seconds(K)
+        return last + max((last - first) / max(K - 1, 1), 0.0) * (rows - K)
 
     def _plain(self, rows: int) -> float:
         """T(rows, rows): batched plain, as observed (or the single-row T(rows), scaled as observed)."""
@@ -312,8 +312,9 @@ class CostModel:
         return seen if seen is not None else self.batch.scale * self.single_row_guess(batch, k)
 
     def ratios(self) -> list[float]:
-        """T(k) / T(1) for k = 1..K."""
-        return [t / self.target_s[0] for t in self.target_s]
+        """T(k) / T(1) for k = 1..K, as priced."""
+        curve = self.target_curve(len(self.target_s))
+        return [t / curve[0] for t in curve]
 
     def ceiling(self, gamma: int) -> float:
         """The most speculation can give with γ drafts: every draft accepted, (γ+1) / (T(γ+1)/T(1))."""
