@@ -241,7 +241,8 @@ def test_tiny_gguf_matches_transformers(tiny_pair, tiny_modules):
 
 def test_grouped_heads_match_transformers(tmp_path):
     """SmolLM2's attention shape (9 query heads of 64 on 3 K/V heads), f16 cache, 2 threads: the passes the
-    seventh llama.cpp patch runs with a group's heads in lockstep (scripts/llama_cpp_patches/05-query-heads-of-a-kv-head-in-lockstep.patch; a
+    seventh llama.cpp patch runs with a group's heads in lockstep (scripts/llama_cpp_patches/05-query-heads-of-a-kv-head-in-lockstep.patch,
+    on AVX-512 in chunks of keys: 10-per-row-attention-in-chunks-of-keys.patch; a
     lone token's 9 rows split 3+2 | 1+3 between the threads, a block's in whole groups) give transformers'
     logits 150 tokens deep, and so does the 150-token pass before them (the tiled kernel, with the eighth
     patch's vectorized mask, K rows and maxima). Builds with a planted bug failed it: the K/V head of a
