@@ -286,7 +286,6 @@ def batch_value(cost: CostModel, left: list[int]):
     the passes it no longer joins, and only what its LAST row gains (here: the least of the rows with
     the most left) shortens the batch by whole passes. A copy in one row of eight whose answers all run
     to their budget saves ~per_row a token, not a pass."""
-
     single, together = cost.seconds(1), cost.seconds(1, batch=len(left))
     per_row = min(max((together - single) / max(len(left) - 1, 1), 0.0), single)
     fixed, longest = single - per_row, max(left)

@@ -248,9 +248,9 @@ class CostModel:
                 continue
             near = range(max(2, k - NEAR), min(len(curve), k + NEAR) + 1)  # widths near k, less
             priced = _as_priced(curve, extra_at, 0, len(curve))
-            for n in near:  # each width's extra as priced, now measured again at this T(1)
-                curve[n - 1], extra_at[n - 1] = priced[n - 1], curve[0]
-                curve[n - 1] = curve[0] + (curve[n - 1] - curve[0]) * (1.0 + step * 0.5 ** abs(n - k))
+            for n in near:  # each width's extra as priced, moved, and now measured at this T(1)
+                curve[n - 1] = curve[0] + (priced[n - 1] - curve[0]) * (1.0 + step * 0.5 ** abs(n - k))
+                extra_at[n - 1] = curve[0]
 
     def _observe_batch(self, batch: int, k: int, seconds: float) -> None:
         costs, key = self.batch, (batch, k)
@@ -345,8 +345,8 @@ class CostModel:
         return max(range(self.max_gamma + 1), key=lambda g: (self.predicted_speedup(alpha, g, depth), -g))
 
     def depths(self) -> dict[str, list[float]]:
-        """Measured depth -> T(k) there (k = 1..K), as refined so far and priced."""
-        return {str(depth): _as_priced(curve, at, 0, len(curve)) for depth, curve, _, at in self._curves()}
+        """Measured depth -> T(k) there (k = 1..K), as refined so far and priced (`curves`)."""
+        return {str(depth): curve for (depth, *_), curve in zip(self._curves(), self.curves())}
 
     def curves(self) -> list[list[float]]:
         """T(k) at each measured depth, shallowest first, as priced now (what `measure.save_refined`
