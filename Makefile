@@ -12,7 +12,7 @@ INSTALL := $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if 
 
 # The llama.cpp engine (the CPU default for GGUF targets) compiles once from llama-cpp-python's sdist, with
 # exactspec's patches (scripts/llama_cpp_patches/*.patch, applied and checked by scripts/build_llama_cpp.py: one-token steps on the kernel blocks use; attention
-# chunked in whole tiles; 2x2 Q4_1 and Q8_0 kernels on x86, odd passes included; weights prefetched; AVX-512 2x2 columns; the query heads of a K/V head in lockstep; tiled attention's chores vectorized; AMX buffer rows through the one-row kernel, 4 Q4_1 rows sharing unpacked weights; on AVX-512, attention rows in chunks of keys), trimmed to the library exactspec binds: no multimodal (mtmd), tools, examples,
+# chunked in whole tiles; 2x2 Q4_1 and Q8_0 kernels on x86, odd passes included; weights prefetched; AVX-512 2x2 columns; the query heads of a K/V head in lockstep; tiled attention's chores vectorized; AMX buffer rows through the one-row kernel, 4 Q4_1 rows sharing unpacked weights; on AVX-512, attention rows in chunks of keys; the AMX tile configuration that GCC 12 dropped), trimmed to the library exactspec binds: no multimodal (mtmd), tools, examples,
 # tests, server, nor the common library llama-cpp-python forces on (scripts/llama_cpp_lib_only.cmake):
 # 4 min here, not 8. The wheel is cached
 # (~/.cache/exactspec/wheels): later installs, new venvs included, take seconds.

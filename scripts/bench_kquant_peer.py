@@ -7,7 +7,8 @@ depends on the shapes and the quant types, not on the weights' values. Then, in 
 
 - stock: `llama-bench` of the stock build (../shared/tools/build-llama-server.sh) with flash attention on
   (llama-server's default on a CPU): pp N (the prompt's prefill, llama-server's time to first token less
-  its HTTP) and tg 128; `--repack 0` where a stock build's AMX tiles die (runtime.amx_tiles_crash);
+  its HTTP) and tg 128; `--repack 0` where its repacked AMX kernels die (a GCC 12 build's tile
+  configuration is empty: scripts/llama_cpp_patches/11-*; probed with a 16-token prompt);
 - ours: exactspec's llama.cpp adapter under its self-tested setting: a cold prefill of N random tokens
   (an empty cache, no prefix reuse) and 128 one-token steps after a short prompt.
 
@@ -47,6 +48,16 @@ def stock(bench: str, path: str, prompt: int, no_repack: bool) -> tuple[float, f
     return speeds[0], speeds[1]
 
 
+def stock_repack_crashes(bench: str, path: str) -> bool:
+    """Whether the stock llama-bench dies by a signal on a 16-token prompt with its weights repacked."""
+    from exactspec.models.llamacpp.runtime import cpu_has_amx
+
+    if not cpu_has_amx():
+        return False
+    done = subprocess.run([bench, "-m", path, "-p", "16", "-n", "0", "-r", "1", "-o", "json"], capture_output=True)
+    return done.returncode < 0
+
+
 def ours(lm, prompt: int) -> tuple[float, float]:
     """(prefill tokens/s of a cold `prompt`-token prompt, tokens/s of DECODE one-token steps)."""
     ids = torch.randint(3, lm.vocab_size, (prompt,), generator=torch.Generator().manual_seed(1))
@@ -72,7 +83,6 @@ def main() -> None:
     p.add_argument("--quant", default="Q4_K_M")
     args = p.parse_args()
     from exactspec.models.llamacpp.numerics import load_self_tested
-    from exactspec.models.llamacpp.runtime import amx_tiles_crash
 
     env = {k: os.environ.get(k, "") for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs; env {env}", flush=True)
@@ -81,7 +91,7 @@ def main() -> None:
                         shape=GEMMA3_270M)
     path = quantize(source, os.path.join(folder, f"gemma3-270m-shape-{args.quant}.gguf"), args.quant)
     os.remove(source)
-    no_repack = amx_tiles_crash(path)
+    no_repack = stock_repack_crashes(args.llama_bench, path)
     lm = load_self_tested(path, n_ctx=args.prompt + 256)
     print(f"# ours: {lm.identity}; stock llama-bench{' --repack 0' if no_repack else ''}", flush=True)
     ratios = {"prefill": [], "decode": []}

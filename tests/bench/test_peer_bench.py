@@ -90,6 +90,23 @@ def test_bad_peer_options_are_one_line_errors(tmp_path):
         assert done.returncode != 0 and fragment in done.stderr and "Traceback" not in done.stderr
 
 
+def test_the_repack_probe_names_a_binary_killed_by_a_signal_and_only_on_amx_cpus(tmp_path, monkeypatch):
+    """`repack_crashes` reads the binary's own fate: a process killed by SIGILL is a crash, one that exits
+    with an error is not (that surfaces when the bench starts it); on a CPU without AMX it runs nothing."""
+    from exactspec.models.llamacpp import runtime
+
+    dies, fails = tmp_path / "dies", tmp_path / "fails"
+    dies.write_text("#!/bin/sh\nkill -ILL $$\n")
+    fails.write_text("#!/bin/sh\nexit 3\n")
+    for script in (dies, fails):
+        script.chmod(0o755)
+    monkeypatch.setattr(runtime, "cpu_has_amx", lambda: True)
+    assert peer.repack_crashes(str(dies), "model.gguf", 2, str(tmp_path))
+    assert not peer.repack_crashes(str(fails), "model.gguf", 2, str(tmp_path))
+    monkeypatch.setattr(runtime, "cpu_has_amx", lambda: False)
+    assert not peer.repack_crashes(str(dies), "model.gguf", 2, str(tmp_path))
+
+
 def test_cold_rounds_each_follow_a_fresh_start_and_the_warm_ones_the_last(monkeypatch):
     """`cold` = 2, 3 rounds: every server started twice; the first start runs one (cold) round, the
     second a cold round and two warm ones; the rows' order alternates round by round; the cold phase

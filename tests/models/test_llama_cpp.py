@@ -458,9 +458,8 @@ def test_ctx_size_default_and_choice(monkeypatch):
 
 
 def test_an_amx_cpu_keeps_repacked_weights_with_every_row_on_the_one_row_kernel(monkeypatch):
-    """Where the CPU advertises AMX, the AMX buffer's multi-row products run the one-row VNNI kernel
-    (EXACTSPEC_AMX_ROWS=1): no tile instruction, so the probe survives and repacking stays on (without the
-    build's patch, a VM that loses the tile state kills the probe and this fails). Elsewhere: repacking on,
+    """Where the CPU advertises AMX, the AMX buffer's multi-row Q4_1 / Q8_0 products run the one-row VNNI
+    kernel (EXACTSPEC_AMX_ROWS=1), so the probe survives and repacking stays on. Elsewhere: repacking on,
     the variable never set."""
     from exactspec.models.llamacpp import runtime
 
@@ -468,4 +467,13 @@ def test_an_amx_cpu_keeps_repacked_weights_with_every_row_on_the_one_row_kernel(
     monkeypatch.delenv(runtime.AMX_ROWS, raising=False)
     monkeypatch.setattr(runtime, "_PROBED", {})
     assert runtime.resolve_repack(embedded_model_path()) is True
-    assert (os.environ.get(runtime.AMX_ROWS) == "1") == runtime._cpu_has_amx()
+    assert (os.environ.get(runtime.AMX_ROWS) == "1") == runtime.cpu_has_amx()
+
+
+def test_amx_tiles_decode_on_the_patched_build():
+    """llama.cpp's own AMX tiles (EXACTSPEC_AMX_ROWS=0: every multi-row product on tiles) decode: a GCC 12
+    build dropped the tile configuration's stores and died with SIGILL at the first tile instruction, which
+    stock llama-server still does on such CPUs (patch 11). Where the CPU has no AMX, no tile runs at all."""
+    from exactspec.models.llamacpp import runtime
+
+    assert runtime._decodes(embedded_model_path(), {**os.environ, runtime.AMX_ROWS: "0"})

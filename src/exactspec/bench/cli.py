@@ -220,8 +220,8 @@ def _bench_peer(args: argparse.Namespace) -> int:
 
     from ..device import cpu_label
     from ..embedded import embedded_model_path
-    from ..models.llamacpp.runtime import amx_tiles_crash, default_threads, resolve_repack
-    from .peer import WORKLOADS, environment, peer_table, run_peer_bench, servers
+    from ..models.llamacpp.runtime import default_threads, resolve_repack
+    from .peer import WORKLOADS, environment, peer_table, repack_crashes, run_peer_bench, servers
 
     if not (os.path.isfile(args.peer) and os.access(args.peer, os.X_OK)):
         raise ExactSpecError(f"--peer {args.peer}: not an executable llama-server binary")
@@ -235,9 +235,9 @@ def _bench_peer(args: argparse.Namespace) -> int:
     threads = args.threads or default_threads()
     spec = tuple(f.strip() for f in args.peer_spec.split(";") if f.strip())
     say = lambda text: print(f"exactspec: peer bench: {text}", file=sys.stderr, flush=True)  # noqa: E731
-    no_repack = not resolve_repack(gguf) or amx_tiles_crash(gguf)  # where a stock build's AMX tiles die
-    say(f"{cpu_label()}, {threads} threads, {environment()}{'; llama-server --no-repack' if no_repack else ''}")
     with tempfile.TemporaryDirectory(prefix="exactspec-peer-") as logs:
+        no_repack = not resolve_repack(gguf) or repack_crashes(args.peer, gguf, threads, logs)
+        say(f"{cpu_label()}, {threads} threads, {environment()}{'; llama-server --no-repack' if no_repack else ''}")
         rows = run_peer_bench(servers(args.peer, gguf, threads, spec, shlex.split(args.peer_args), no_repack=no_repack),
                               workloads, args.reps, log_dir=logs, say=say, cold=args.peer_cold_rounds)
     report = {"hardware": f"{cpu_label()}, {threads} threads", "environment": environment(),

@@ -111,8 +111,8 @@ def servers(llama_server: str, gguf: str, threads: int, spec: tuple[str, ...] = 
             peer_args: list[str] | None = None, exactspec_args: list[str] | None = None,
             no_repack: bool = False) -> list[Server]:
     """llama-server plain, one llama-server per `spec` flag set, exactspec plain and exactspec defaults.
-    `no_repack`: llama-server keeps the GGUF's weight layout: where its stock AMX kernels crash (AMX VMs that
-    lose the tile state) or our adapter's probe turned repacking off."""
+    `no_repack`: llama-server keeps the GGUF's weight layout: where its repacked AMX kernels crash
+    (`repack_crashes`) or our adapter's probe turned repacking off."""
     base = [llama_server, "-m", gguf, "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
             *(["--no-repack"] if no_repack else []), *(peer_args or [])]
     out = [Server("llama-server", base, "llama-server")]
@@ -151,6 +151,31 @@ def start(server: Server, workload: str, log_dir: str, timeout_s: float = 600) -
             pass
         time.sleep(0.5)
     raise ExactSpecError(f"{server.name} did not answer /health within {timeout_s:.0f} s (log: {server.log.name})")
+
+
+def repack_crashes(llama_server: str, gguf: str, threads: int, log_dir: str) -> bool:
+    """Whether this llama-server dies decoding `gguf` with its weights repacked (its default): a stock
+    build by GCC 12 loads an empty AMX tile configuration, and its first multi-row product raises SIGILL
+    (scripts/llama_cpp_patches/11-*). Probed on CPUs that advertise AMX only: the binary itself, one short
+    chat request; the peer bench then runs it with --no-repack."""
+    from ..models.llamacpp.runtime import cpu_has_amx
+
+    if not cpu_has_amx():
+        return False
+    probe = Server("llama-server repack probe", [llama_server, "-m", gguf, "-t", str(threads), "--host", "127.0.0.1"],
+                   "llama-server")
+    try:
+        start(probe, "probe", log_dir)
+        chat(probe.url, [{"role": "user", "content": "Count from one to twenty, in words, one per line."}], 2, {})
+    except (ExactSpecError, OSError):
+        pass  # a crash mid-request (the connection drops) or at start: its exit code says which
+    try:
+        code = probe.process.wait(timeout=5) if probe.process is not None else None
+    except subprocess.TimeoutExpired:
+        code = None  # still serving: it decoded
+    finally:
+        stop(probe)
+    return code is not None and code < 0
 
 
 def stop(server: Server) -> None:

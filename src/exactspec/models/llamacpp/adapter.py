@@ -7,11 +7,12 @@ decoding then bypasses its high-level state: our own `llama_batch` asks for logi
 layout is the one a fresh evaluation would have (tested: logits equal a fresh evaluation).
 
 Repacking: llama.cpp may move quantized weights into "extra buffer types" (AVX/AMX repacked layouts).
-Its AMX tile kernels crash (SIGILL/SIGSEGV) on VMs whose CPU advertises AMX but whose hypervisor loses the
-tile state (seen on Firecracker VMs), so where the CPU advertises AMX the build's AMX buffer runs every row
-through its one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1: runtime.resolve_repack sets it; blocks then equal
-one-token steps bit for bit), and `repack=None` still probes once per process, in a subprocess, and
-disables extra buffers if the probe crashes; EXACTSPEC_LLAMACPP_REPACK=0/1 overrides. The llama.cpp bench
+Where the CPU advertises AMX, the build's AMX buffer runs every row of a multi-row Q4_0 / Q4_1 / Q8_0
+product through its one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1: runtime.resolve_repack sets it) and K-quants
+on AMX tiles, whose configuration a GCC 12 build of stock llama.cpp drops (SIGILL at the first decode; the
+build's patch 11 keeps it); blocks equal one-token steps bit for bit either way. `repack=None` still probes
+once per process, in a subprocess, and disables extra buffers if the probe crashes;
+EXACTSPEC_LLAMACPP_REPACK=0/1 overrides. The llama.cpp bench
 anchors are built with the same setting, so comparisons stay like for like.
 
 BATCH INVARIANCE: llama.cpp's CPU numerics can depend on how many tokens one compute step (ubatch)

@@ -76,7 +76,8 @@ def make_llama(path: str, repack: bool, rows: int = 1, unified: bool = False, **
         return llama_cpp.Llama(model_path=path, verbose=False, **kwargs)
 
 
-def _cpu_has_amx() -> bool:
+def cpu_has_amx() -> bool:
+    """Whether /proc/cpuinfo lists AMX tiles (llama.cpp then keeps repacked weights in its AMX buffer)."""
     try:
         with open("/proc/cpuinfo") as f:
             return any(line.startswith("flags") and " amx_tile" in line for line in f)
@@ -101,18 +102,19 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
     variable EXACTSPEC_LLAMACPP_REPACK, else yes unless the CPU advertises AMX and a probe subprocess
     decoding with this model dies from a signal (cached per process and file; costs one model load).
 
-    Where the CPU advertises AMX the AMX buffer's multi-row products run each row through the one-row
-    VNNI kernel (EXACTSPEC_AMX_ROWS=1, set here for this process and the probe): no tile instruction
-    (they fault on VMs that advertise AMX but lose its state), and a block's rows equal one-token steps
-    bit for bit. A build without the patch ignores the variable: there the probe decides as before."""
-    if _cpu_has_amx():
+    Where the CPU advertises AMX the AMX buffer's multi-row Q4_0 / Q4_1 / Q8_0 products run each row
+    through the one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1, set here for this process and the probe:
+    faster than the tiles for a verification pass's few rows); K-quants keep AMX tiles, whose
+    configuration a GCC 12 build of stock llama.cpp drops (SIGILL at the first decode; the build's patch
+    11 keeps it). Both give blocks equal to one-token steps bit for bit. The probe still decides."""
+    if cpu_has_amx():
         os.environ.setdefault(AMX_ROWS, "1")  # before any load of this process, a repack chosen by hand too
     if repack is not None:
         return repack
     env = os.environ.get("EXACTSPEC_LLAMACPP_REPACK")
     if env is not None and env.strip() != "":
         return env.strip().lower() not in ("0", "false", "no", "off")
-    if not _cpu_has_amx():
+    if not cpu_has_amx():
         return True
     key = f"{path}|{AMX_ROWS}={os.environ[AMX_ROWS]}"
     if key not in _PROBED:
@@ -124,18 +126,6 @@ def repack_label(repack: bool) -> str:
     """What the measurement caches key a repack setting by: with it, whether AMX rows were asked for (the
     kernels, so the verdict and T(k), differ)."""
     return f"repack={repack}" + (f",{AMX_ROWS}={os.environ[AMX_ROWS]}" if repack and AMX_ROWS in os.environ else "")
-
-
-def amx_tiles_crash(path: str) -> bool:
-    """Whether llama.cpp's stock AMX kernels (tiles for multi-row products) die on this machine: the
-    CPU advertises AMX and the probe, run without EXACTSPEC_AMX_ROWS, is killed by a signal. The peer
-    bench then runs llama-server with --no-repack (a stock build cannot decode here otherwise)."""
-    if not _cpu_has_amx():
-        return False
-    key = f"{path}|{AMX_ROWS}=0"
-    if key not in _PROBED:
-        _PROBED[key] = _decodes(path, {**os.environ, AMX_ROWS: "0"})
-    return not _PROBED[key]
 
 
 def _decodes(path: str, env) -> bool:
