@@ -82,17 +82,21 @@ class BatchCosts:
 
 
 def _as_priced(curve: list[float], extra_at: list[float], start: int, stop: int) -> list[float]:
-    """curve[start:stop] as auto γ prices it: T(1), and each width's extra over T(1) scaled down by how far
-    T(1) has fallen since that extra was last measured (`CostModel.extra_at`), never up.
+    """curve[start:stop] as auto γ prices it: T(1), and each width's extra over T(1) as timed in this
+    process (`CostModel.extra_at` 0), or, for a width no pass near it has timed yet, scaled down by how
+    far T(1) has fallen since the table was measured (`extra_at` that T(1)), never up.
 
     One-token steps move T(1), and every width by as much (`observe_target`): a table measured while
     the machine was slow, then T(1) refined down as its steps ran faster, kept the wide passes' slow
     extras, so they looked dear, were never chosen, and never measured again (`make run`'s demo, whose
     answer copies its prompt, then drafted almost nothing: docs/drafters.md). Priced so, a table that is
-    wrong errs towards trying a wide pass, whose time then corrects it; where the extras really held
-    while T(1) fell (a VM whose memory got quieter), the passes tried measure that."""
+    wrong errs towards trying a wide pass, whose time then corrects it. Once timed, an extra is priced as
+    timed: T(1) moves with the memory and the threads' waking far more than an extra row's compute does
+    (a table measured beside a test suite had T(1) 8.7 ms against 3.3 quiet, T(8) - T(1) 11.3 against
+    8-12), and scaling timed extras by every dip of a noisy T(1) ratcheted them down to half their cost,
+    so chat and paraphrases drafted at a loss (docs/drafters.md)."""
     one = curve[0]
-    return [t if k == 0 else one + (t - one) * min(1.0, one / extra_at[k])
+    return [t if k == 0 or extra_at[k] <= 0.0 else one + (t - one) * min(1.0, one / extra_at[k])
             for k, t in enumerate(curve[start:stop], start)]
 
 
@@ -129,8 +133,9 @@ class CostModel:
     draft_s_per_step: float = 0.0  # seconds the drafter spends per proposal (whatever its length)
     draft_step_observations: int = 0
     version: int = 0  # observations so far (what AutoGamma's per-iteration price list is keyed by)
-    # [K]: T(1) when what each width adds over it was last measured (`observe_target`; filled in place
-    # where empty, so a list the cost models of one target share stays shared)
+    # [K]: T(1) when the table that gave what each width adds over it was measured, 0 once a pass near
+    # that width timed it in this process (`_as_priced`; filled in place where empty, so a list the cost
+    # models of one target share stays shared)
     extra_at: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -212,14 +217,15 @@ class CostModel:
         A one-token step moves T(1), and every T(k) by as much (what every pass pays once: reading the
         weights); a wider pass moves what T(k) costs beyond T(1) (each extra token's compute), and that
         of the widths near k by half as much per token of distance (`NEAR`). Each
-        observation is clipped to [0.5, 2]x of its prediction, against outliers, and moves by
-        TARGET_WEIGHT. The two parts drift apart on a shared machine (a CPU whose memory is busier at
+        observation is clipped to [0.5, 2]x of its prediction, against outliers, and moves by the
+        running mean's weight over its width's first timings in this process, then by TARGET_WEIGHT.
+        The two parts drift apart on a shared machine (a CPU whose memory is busier at
         some times than others: T(1) moves, T(8) hardly), where a table that scaled every T(k) with
         T(1) priced wide passes at about half their cost (measured in docs/drafters.md). On a ragged
         target a batched iteration is priced by its rows' `lengths` (new tokens per row; default k
         each). A one-row iteration at `depth` moves the measured depths around it, each by its share of
         the interpolation (`target_seconds`): at a measured depth (or None: the base), that depth's
-        T(k) alone, by TARGET_WEIGHT."""
+        T(k) alone."""
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
         self.version += 1
@@ -240,17 +246,20 @@ class CostModel:
             if share <= 0.0:
                 continue
             _, curve, seen, extra_at = curves[j]
+            # a running mean over a width's first timings in this process, then TARGET_WEIGHT: a table
+            # measured on a busy machine (T(1) 2.6x today's) is replaced within a few iterations
+            step = max(TARGET_WEIGHT, 1.0 / (seen[k - 1] + 1)) * share * (ratio - 1.0)
             seen[k - 1] += share >= 0.5
-            step = TARGET_WEIGHT * share * (ratio - 1.0)
             if k == 1:  # every width pays the same step more or less (in place: the list is shared)
                 shift = curve[0] * step
                 curve[:] = [t + shift for t in curve]
                 continue
-            near = range(max(2, k - NEAR), min(len(curve), k + NEAR) + 1)  # widths near k, less
-            priced = _as_priced(curve, extra_at, 0, len(curve))
-            for n in near:  # each width's extra as priced, moved, and now measured at this T(1)
-                curve[n - 1] = curve[0] + (priced[n - 1] - curve[0]) * (1.0 + step * 0.5 ** abs(n - k))
-                extra_at[n - 1] = curve[0]
+            one, extra = curve[0], _as_priced(curve, extra_at, k - 1, k)[0] - curve[0]
+            for n in range(max(2, k - NEAR), min(len(curve), k + NEAR) + 1):  # widths near k, half as far a token
+                if n != k:  # their extras as stored, so that one still priced from the table's T(1) is scaled once
+                    curve[n - 1] = one + (curve[n - 1] - one) * (1.0 + step * 0.5 ** abs(n - k))
+            curve[k - 1] = one + extra * (1.0 + step)
+            extra_at[k - 1] = 0.0  # timed: priced as is from now on
 
     def _observe_batch(self, batch: int, k: int, seconds: float) -> None:
         costs, key = self.batch, (batch, k)
