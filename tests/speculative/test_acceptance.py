@@ -55,3 +55,35 @@ def test_the_view_weighs_history_as_at_most_local_strength_proposals():
     b = 7  # the 33+ bucket
     assert view.successes[b] + view.failures[b] == pytest.approx(LOCAL_STRENGTH)
     assert shared.of(KIND).successes[b] + shared.of(KIND).failures[b] > 1 / (1 - FORGET) - 2  # ~33
+
+
+def chat_history() -> Acceptance:
+    """An engine after agent steps and chat: copies of every length mostly kept."""
+    shared = Acceptance()
+    for _ in range(20):
+        for match, kept in ((3, 2), (6, 5), (12, 9)):
+            shared.of(KIND).observe(12, kept, match=match)
+    return shared
+
+
+def test_a_request_whose_short_copies_fail_prices_its_first_long_match_lower():
+    """Each bucket learns from its own proposals, and a request makes few in each: a paraphrase whose
+    short copies fail (match 3-4) met its first 12-token match at the α the history taught. The tilt
+    carries the request's evidence across buckets: that match is priced lower and drafted narrower; a
+    request whose copies are kept is tilted up, not down."""
+    cost = CostModel(target_s=[0.01 * (1 + 0.5 * k) for k in range(33)], frozen=True, copies=True)
+    shared = chat_history()
+    paraphrase = AutoGamma(cost, acceptance=RequestAcceptance(shared))
+    before, (wide, gain) = paraphrase.acceptance.of(KIND).alpha(12), paraphrase.best([(12, 32, KIND)])
+    for _ in range(4):
+        paraphrase.observe(6, 0, match=3, kind=KIND)  # its short copies: the first token rejected
+    view = paraphrase.acceptance.of(KIND)
+    assert view.tilt < 0.5
+    narrow, less = paraphrase.best([(12, 32, KIND)])
+    assert view.alpha(12) < before - 0.05 and narrow < wide and less < gain
+    untilted = view.successes[5] / (view.successes[5] + view.failures[5])  # bucket 9-16 alone: untouched
+    assert untilted == pytest.approx(before)
+    edit = AutoGamma(cost, acceptance=RequestAcceptance(shared))
+    for _ in range(4):
+        edit.observe(6, 6, match=3, kind=KIND)  # its copies kept whole
+    assert edit.acceptance.of(KIND).tilt > 1.0 and edit.acceptance.of(KIND).alpha(12) >= before

@@ -149,10 +149,12 @@ def test_drafters_share_the_targets_refined_costs(tiny_target):
 
     engine = Engine(tiny_target, None, "prompt-lookup", "auto")
     lookup, bigram = engine.cost_model("prompt-lookup", max_gamma=2), engine.cost_model("bigram", max_gamma=2)
-    AutoGamma(lookup).observe_step(2, 3 * lookup.target_s[1])
-    assert bigram.target_s is lookup.target_s and bigram.target_observations == [0, 1, 0]
+    policy = AutoGamma(lookup)
+    policy.observe_step(2, 3 * lookup.target_s[1])
+    policy.observe_step(1, 0.5 * lookup.target_s[0])  # a wide pass is observed with the step after it
+    assert bigram.target_s is lookup.target_s and bigram.target_observations == [1, 1, 0]
     AutoGamma(bigram).observe_step(1, 2 * lookup.target_s[0])
-    assert lookup.target_observations == [1, 1, 0]
+    assert lookup.target_observations == [2, 1, 0]
     assert bigram.depth is lookup.depth  # T(k) at deeper contexts too
     assert lookup.copies and not bigram.copies  # a lookup is priced per proposal, a bigram per token
 
@@ -570,3 +572,19 @@ def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
     assert auto.shortest_paying([("context", "greedy")], drafter.max_match) == 5
     assert sum(paying) >= 20 and all(look for look, pays in zip(looked, paying) if pays)
     assert sum(looked) < len(looked) // 2  # before the copy: one lookup in 3 or fewer
+
+
+def test_a_wide_pass_pays_for_the_slower_step_after_it():
+    """llama.cpp rebuilds its graph when the pass shape changes, so the one-token step after a wide pass
+    takes longer than the steps between steps. That cost is the wide pass's: T(1) stays what steps after
+    steps take, and T(4) learns the pass plus what the step after it took beyond T(1) (timed alone, the
+    extra went to T(1), where no choice of γ saw it)."""
+    cost = CostModel(target_s=[0.004 + 0.002 * k for k in range(8)])
+    auto = AutoGamma(cost)
+    for _ in range(60):
+        for _ in range(5):
+            auto.observe_step(1, 0.004)
+        auto.observe_step(4, 0.010)  # 6 ms beyond T(1)...
+        auto.observe_step(1, 0.006)  # ...and 2 ms more in the step after it
+    assert cost.target_seconds(1) == pytest.approx(0.004, rel=0.01)
+    assert cost.target_seconds(4) == pytest.approx(0.012, rel=0.02)

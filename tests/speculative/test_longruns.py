@@ -226,6 +226,7 @@ def test_engine_keeps_what_it_learned_across_requests(tiny_target):
     for _ in range(10):
         first.observe(32, 32, match=40)
         first.observe_step(33, 0.05)
+        first.observe_step(1, 0.01)  # a wide pass is observed with the step after it
     _, second = engine.drafting("auto")
     assert second.acceptance.shared is first.acceptance.shared and second.cost is first.cost  # a view per request
     assert second.acceptance.alpha(40) > 0.99 and second.cost.target_observations[32] == 10

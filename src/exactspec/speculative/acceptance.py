@@ -108,6 +108,8 @@ class Acceptance:
 
 LOCAL_STRENGTH = 4.0  # the most proposals' weight a request's view takes from the engine's history, per bucket:
 # the priors' own strength, so that a request is never slower to learn than on a fresh engine
+TILT_PRIOR = 4.0  # drafted tokens' weight of "as the history predicts" in a request's tilt (`_View.tilt`)
+TILT_RANGE = (0.25, 2.0)  # the most a request's own outcomes scale the history's odds, down or up
 
 
 class RequestAcceptance:
@@ -139,12 +141,15 @@ class RequestAcceptance:
 
 
 class _View:
-    """One kind's buckets as a request sees them (RequestAcceptance)."""
+    """One kind's buckets as a request sees them (RequestAcceptance), the history's part of every bucket
+    tilted by how this request's copies fare against it (`tilt`)."""
 
     def __init__(self, shared: Acceptance, strength: float):
         self.shared, self.strength = shared, strength
         self.successes: list[float | None] = [None] * len(shared.successes)  # None: not looked at yet
         self.failures: list[float] = [0.0] * len(shared.successes)
+        self.history: list[float] = [0.0] * len(shared.successes)  # the history's share of `successes`
+        self.kept = self.expected = 0.0  # drafts this request kept, and what the history predicted of them
 
     def _bucket(self, match: int | None) -> int:
         b = bucket(match)
@@ -152,17 +157,33 @@ class _View:
             s, f = self.shared.successes[b], self.shared.failures[b]
             weight = min(s + f, self.strength) / (s + f)
             self.successes[b], self.failures[b] = s * weight, f * weight
+            self.history[b] = self.successes[b]
         return b
+
+    @property
+    def tilt(self) -> float:
+        """How this request's copies fare against what the history predicted of them, over every bucket:
+        (kept + TILT_PRIOR) / (expected + TILT_PRIOR), within TILT_RANGE. The history's odds of every bucket
+        are scaled by it: a paraphrase whose short copies fail is not priced, at its first long match, as
+        the agent steps before it whose copies were kept (each bucket alone learns from its own few
+        proposals a request makes, and every request begins at the engine's α)."""
+        return min(max((self.kept + TILT_PRIOR) / (self.expected + TILT_PRIOR), TILT_RANGE[0]), TILT_RANGE[1])
 
     def alpha(self, match: int | None = None) -> float:
         b = self._bucket(match)
-        return self.successes[b] / (self.successes[b] + self.failures[b])
+        extra = self.history[b] * (self.tilt - 1.0)  # the history's successes scaled by the tilt
+        return (self.successes[b] + extra) / (self.successes[b] + self.failures[b] + extra)
 
     def observe(self, proposed: int, accepted: int, match: int | None = None) -> None:
         if not proposed:
             return
         self.shared.observe(proposed, accepted, match)
         b = self._bucket(match)
+        s, f = self.successes[b], self.failures[b]
+        a = min(s / (s + f), 1.0 - 1e-9)  # the bucket's α untilted: what this proposal was expected to keep
+        self.expected += a * (1.0 - a ** proposed) / (1.0 - a)
+        self.kept += accepted
         forget = FORGET if b else 1.0
-        self.successes[b] = forget * self.successes[b] + accepted
-        self.failures[b] = forget * self.failures[b] + (accepted < proposed)
+        self.successes[b] = forget * s + accepted
+        self.failures[b] = forget * f + (accepted < proposed)
+        self.history[b] *= forget

@@ -76,6 +76,7 @@ class AutoGamma:
         self.depth: int | None = None  # the context depth of the row being priced (set by propose.py)
         self._prices: tuple | None = None  # (key, step costs, their floors): `_step_costs`
         self._priced: dict[tuple, tuple[int, int]] = {}  # `_recall`: (an answer, calls it still serves)
+        self._wide: tuple[int, float, int | None] | None = None  # a one-row wide pass: observed with the next step
 
     @property
     def alpha(self) -> float:
@@ -220,8 +221,26 @@ class AutoGamma:
     def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None,
                      depth: int | None = None) -> None:
         """One iteration over up to k new tokens per row (the last context token and k-1 drafts; row b's
-        count in `lengths`) took `seconds`, at a context of `depth` tokens (default: `self.depth`)."""
-        self.cost.observe_target(k, seconds, batch, lengths, self._depth(depth))
+        count in `lengths`) took `seconds`, at a context of `depth` tokens (default: `self.depth`).
+
+        A one-row wide pass is charged what the one-token step after it takes beyond T(1), too: llama.cpp
+        builds a new graph for every change of pass shape, and the step after an 8-token pass ran 1.4 ms
+        (~25%) above the steps after steps (paraphrases on a 2-core Xeon; docs/drafters.md). Timed alone,
+        the wide passes left that cost to T(1), where no choice of γ saw it, and drafts that saved a
+        little less than they cost were still made. So a wide pass is observed with the step after it
+        (that step then moves T(1) only down: the rest of it is the wide pass's)."""
+        depth = self._depth(depth)
+        wide, self._wide = self._wide, None
+        if wide is not None:
+            wide_k, wide_s, wide_depth = wide
+            if k == 1 and batch == 1:
+                after = seconds - self.cost.target_seconds(1, depth)  # the change of shape, and noise
+                wide_s, seconds = wide_s + max(after, 0.0), seconds - max(after, 0.0)
+            self.cost.observe_target(wide_k, wide_s, 1, None, wide_depth)
+        if k > 1 and batch == 1:
+            self._wide = (k, seconds, depth)  # observed with the next step
+            return
+        self.cost.observe_target(k, seconds, batch, lengths, depth)
 
     def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
                 kind: object = None) -> None:
