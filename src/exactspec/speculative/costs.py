@@ -83,8 +83,8 @@ class BatchCosts:
 
 def _as_priced(curve: list[float], extra_at: list[float], start: int, stop: int) -> list[float]:
     """curve[start:stop] as auto γ prices it: T(1), and each width's extra over T(1) as timed in this
-    process (`CostModel.extra_at` 0), or, for a width no pass near it has timed yet, scaled down by how
-    far T(1) has fallen since the table was measured (`extra_at` that T(1)), never up.
+    process (`CostModel.extra_at` 0), or, for a width no pass of its own has timed yet, scaled down by
+    how far T(1) has fallen since the table was measured (`extra_at` that T(1)), never up.
 
     One-token steps move T(1), and every width by as much (`observe_target`): a table measured while
     the machine was slow, then T(1) refined down as its steps ran faster, kept the wide passes' slow
@@ -133,7 +133,7 @@ class CostModel:
     draft_s_per_step: float = 0.0  # seconds the drafter spends per proposal (whatever its length)
     draft_step_observations: int = 0
     version: int = 0  # observations so far (what AutoGamma's per-iteration price list is keyed by)
-    # [K]: T(1) when the table that gave what each width adds over it was measured, 0 once a pass near
+    # [K]: T(1) when the table that gave what each width adds over it was measured, 0 once a pass of
     # that width timed it in this process (`_as_priced`; filled in place where empty, so a list the cost
     # models of one target share stays shared)
     extra_at: list[float] = field(default_factory=list)
