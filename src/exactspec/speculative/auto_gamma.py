@@ -224,8 +224,8 @@ class AutoGamma:
         count in `lengths`) took `seconds`, at a context of `depth` tokens (default: `self.depth`).
 
         A one-row wide pass is charged what the one-token step after it takes beyond T(1), too: llama.cpp
-        builds a new graph for every change of pass shape, and the step after an 8-token pass ran 1.4 ms
-        (~25%) above the steps after steps (paraphrases on a 2-core Xeon; docs/drafters.md). Timed alone,
+        builds a new graph for every change of pass shape, and that step runs well above the steps after
+        steps (measured in docs/drafters.md). Timed alone,
         the wide passes left that cost to T(1), where no choice of γ saw it, and drafts that saved a
         little less than they cost were still made. So a wide pass is observed with the step after it
         (that step then moves T(1) only down: the rest of it is the wide pass's)."""

@@ -91,10 +91,9 @@ def _as_priced(curve: list[float], extra_at: list[float], start: int, stop: int)
     extras, so they looked dear, were never chosen, and never measured again (`make run`'s demo, whose
     answer copies its prompt, then drafted almost nothing: docs/drafters.md). Priced so, a table that is
     wrong errs towards trying a wide pass, whose time then corrects it. Once timed, an extra is priced as
-    timed: T(1) moves with the memory and the threads' waking far more than an extra row's compute does
-    (a table measured beside a test suite had T(1) 8.7 ms against 3.3 quiet, T(8) - T(1) 11.3 against
-    8-12), and scaling timed extras by every dip of a noisy T(1) ratcheted them down to half their cost,
-    so chat and paraphrases drafted at a loss (docs/drafters.md)."""
+    timed: T(1) moves with the memory and the threads' waking far more than an extra row's compute does,
+    and scaling timed extras by every dip of a noisy T(1) ratcheted them down to about half their cost,
+    so chat and paraphrases drafted at a loss (measured in docs/drafters.md)."""
     one = curve[0]
     return [t if k == 0 or extra_at[k] <= 0.0 else one + (t - one) * min(1.0, one / extra_at[k])
             for k, t in enumerate(curve[start:stop], start)]
@@ -247,7 +246,7 @@ class CostModel:
                 continue
             _, curve, seen, extra_at = curves[j]
             # a running mean over a width's first timings in this process, then TARGET_WEIGHT: a table
-            # measured on a busy machine (T(1) 2.6x today's) is replaced within a few iterations
+            # measured on a busy machine is replaced within a few iterations
             step = max(TARGET_WEIGHT, 1.0 / (seen[k - 1] + 1)) * share * (ratio - 1.0)
             seen[k - 1] += share >= 0.5
             if k == 1:  # every width pays the same step more or less (in place: the list is shared)
