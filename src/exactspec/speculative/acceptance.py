@@ -149,7 +149,7 @@ class _View:
         self.successes: list[float | None] = [None] * len(shared.successes)  # None: not looked at yet
         self.failures: list[float] = [0.0] * len(shared.successes)
         self.history: list[float] = [0.0] * len(shared.successes)  # the history's share of `successes`
-        self.kept = self.expected = 0.0  # drafts this request kept, and what the history predicted of them
+        self.kept = self.expected = 0.0  # drafts this request kept, and what its untilted buckets expected of them
 
     def _bucket(self, match: int | None) -> int:
         b = bucket(match)
@@ -162,7 +162,7 @@ class _View:
 
     @property
     def tilt(self) -> float:
-        """How this request's copies fare against what the history predicted of them, over every bucket:
+        """How this request's copies fare against what its buckets, untilted, expected of them, over every bucket:
         (kept + TILT_PRIOR) / (expected + TILT_PRIOR), within TILT_RANGE. The history's odds of every bucket
         are scaled by it: a paraphrase whose short copies fail is not priced, at its first long match, as
         the agent steps before it whose copies were kept (each bucket alone learns from its own few
