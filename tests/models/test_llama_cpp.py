@@ -398,7 +398,7 @@ def test_a_padded_setting_is_tried_only_where_its_unpadded_twin_is_inexact(monke
 
     tried = []
 
-    def trial(setting):
+    def trial(setting, beat_ms):
         tried.append(setting)
         return (bare_diff if setting.prefill_tile and not setting.pad else 0.0), 10.0, 200.0
 
@@ -407,6 +407,64 @@ def test_a_padded_setting_is_tried_only_where_its_unpadded_twin_is_inexact(monke
     padded = [c for c in numerics.CANDIDATES if c.prefill_tile and c.pad]
     assert padded and all((c in tried) == (bare_diff != 0.0) for c in padded)
     assert verdict.setting == numerics.CANDIDATES[0] and verdict.exact  # all tied: the first
+
+
+def test_a_setting_sure_to_lose_stops_after_half_its_prefill_and_the_order_of_preference_holds(monkeypatch):
+    """`_measure_verdict` on adapters that only advance a clock: the tiled settings are measured first; one
+    whose first prefill piece already prices the ranked request above FAVOUR times a bit-exact setting's
+    is not timed further. The pick still prefers an earlier candidate within FAVOUR, and an inexact
+    setting's speed stops nothing."""
+    from types import SimpleNamespace
+
+    from exactspec.models.llamacpp import numerics
+
+    q8, bf16, bare, padded, one = numerics.CANDIDATES
+    prefill_s = {q8: 20.0, bf16: 2.1, bare: 2.0, padded: 2.0, one: 3.0}  # a MEASURED-token prefill's seconds
+    inexact = set()
+    clock = [0.0]
+    monkeypatch.setattr(numerics, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(numerics, "prefix_vs_whole", lambda lm, ids: True)
+
+    class Timed:
+        max_length, vocab_size = 4096, 100
+
+        def __init__(self, setting):
+            self.setting = setting
+
+        def reset(self):
+            pass
+
+        def truncate(self, n):
+            pass
+
+        def prefill(self, ids):  # [1, n]
+            clock[0] += prefill_s[self.setting] * ids.shape[1] / numerics.MEASURED
+
+        def forward(self, ids):  # [1, n] -> [1, n, V]: 10 ms a token
+            clock[0] += 0.01 * ids.shape[1]
+            noise = torch.rand(1, ids.shape[1], 1) if self.setting in inexact else 0.0
+            return torch.zeros(1, ids.shape[1], self.vocab_size) + noise
+
+    timed = []
+
+    def trial(lm, beat_ms):
+        start = clock[0]
+        got = real_trial(lm, beat_ms)
+        timed.append((lm.setting, clock[0] - start, got))
+        return got
+
+    real_trial = numerics.trial
+    monkeypatch.setattr(numerics, "trial", trial)
+    verdict = numerics._measure_verdict(Timed, 2)
+    assert [t[0] for t in timed] == [bare, q8, bf16, one]  # the padded twin: its bare one is exact
+    (stopped, seconds), = [(setting, seconds) for setting, seconds, got in timed if got is None]
+    assert stopped == q8 and seconds < 0.6 * prefill_s[q8]  # half its prefill and SHALLOW steps
+    assert verdict.setting == bf16 and verdict.exact  # within FAVOUR of the tiled one, and earlier
+
+    inexact.update({bare, padded})  # then nothing is stopped before a bit-exact setting is measured
+    timed.clear()
+    assert numerics._measure_verdict(Timed, 2).setting == bf16
+    assert [t[0] for t in timed] == [bare, padded, q8, bf16, one] and all(t[2] for t in timed)
 
 
 def test_prefill_time_is_extrapolated_from_two_halves():

@@ -23,7 +23,8 @@ the same tokens one at a time, and the KV of a prefill of half a prompt, then th
 whole (what the prefix cache relies on). Of those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill,
 extrapolated from the two halves of the measured one, and STEPS one-token steps, priced by the mean of
 the medians of steps near the start and at MEASURED tokens) is kept; an earlier one within 3% wins (the
-per-row settings come first: see CANDIDATES). None bit-equal: the first, and greedy identity rests on
+per-row settings come first: see CANDIDATES); a setting sure to be slower than one already found bit-equal
+stops after half its prefill (MEASURED_ORDER). None bit-equal: the first, and greedy identity rests on
 tolerance. The verdict is cached per CPU, model file, library version and settings (about half a
 minute on 2 cores, once).
 The cache type changes the model's numerics (not the exactness of speculation, which compares the
@@ -90,6 +91,12 @@ CANDIDATES = (Setting("q8_0", "f16", 0, 512), Setting("bf16", "bf16", 0, 512),
               Setting("f16", "f16", 1, 32))
 
 
+# Measured in this order, picked in CANDIDATES' order: the tiled settings' prefill is fast wherever they are
+# bit-exact, and a setting sure to be slower than a bit-exact one measured before it stops after its first
+# prefill piece (a per-row prefill is most of the self-test's time where tiles win: `trial`'s `beat_ms`).
+MEASURED_ORDER = tuple(sorted(CANDIDATES, key=lambda setting: not setting.prefill_tile))
+
+
 @dataclass
 class Verdict:
     setting: Setting
@@ -113,12 +120,14 @@ class Verdict:
         return f"bit-exact (self-test: blocks equal one-token steps; {how})"
 
 
-def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | None = None
-                   ) -> tuple[float, list[float], list[tuple[int, float]]]:
+def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | None = None,
+                   give_up: Callable[[list[tuple[int, float]]], bool] = lambda prefill: False
+                   ) -> tuple[float, list[float], list[tuple[int, float]]] | None:
     """Max |logits| difference between scoring ids[context:context + k] as one block, for each k in `blocks`
     (default: the whole stretch), and the same tokens one at a time, all after a prefill of ids[:context]
     (0.0: bit-equal); the seconds of each one-token step; and (tokens, seconds) of that prefill's two
-    halves (split at a whole tile: the same computation as one prefill). The adapter is reset."""
+    halves (split at a whole tile: the same computation as one prefill). None where `give_up(the pieces
+    so far)` says so after a piece. The adapter is reset."""
     blocks = blocks or (len(ids) - context,)
     lm.reset()
     prefill = []
@@ -127,6 +136,9 @@ def block_vs_steps(lm, ids: list[int], context: int, blocks: tuple[int, ...] | N
         start = time.perf_counter()
         lm.prefill(torch.tensor([piece]))
         prefill.append((len(piece), time.perf_counter() - start))
+        if give_up(prefill):
+            lm.reset()
+            return None
     scored = []  # [k, V] per block
     for k in blocks:
         scored.append(lm.forward(torch.tensor([ids[context:context + k]]))[0])
@@ -171,12 +183,13 @@ def prefix_vs_whole(lm, ids: list[int]) -> bool:
     return whole == parts
 
 
-def trial(lm) -> tuple[float, float, float]:
+def trial(lm, beat_ms: float = math.inf) -> tuple[float, float, float] | None:
     """(max difference over a BLOCK- and a LONG-token block after a MEASURED-token prefill -- inf if a
     prefix plus the rest is not a whole prefill --, one-token step in ms -- the mean of the medians near
     the start and at MEASURED tokens: a session's answers lie between --, prefill tokens/s of a
     PROMPT-token prompt from that prefill): attention's share grows with depth, and only some settings
-    keep their prefill speed there."""
+    keep their prefill speed there. None as soon as the setting's `request_ms` is sure to exceed
+    `beat_ms` (a slow per-row prefill is not timed to the end, nor checked for bits)."""
     context = max(1, min(MEASURED, lm.max_length - LONG - 1))
     ids = torch.randint(0, lm.vocab_size, (context + LONG,), generator=torch.Generator().manual_seed(0)).tolist()
     lm.reset()
@@ -185,7 +198,18 @@ def trial(lm) -> tuple[float, float, float]:
         start = time.perf_counter()
         lm.forward(torch.tensor([[t]]))
         shallow.append(time.perf_counter() - start)
-    diff, deep, prefill = block_vs_steps(lm, ids, context, (BLOCK, LONG))
+
+    def give_up(prefill: list[tuple[int, float]]) -> bool:
+        # at least: the prompt at the pieces' mean speed (a deeper token costs no less), and steps at
+        # half the shallow median (the ranked step is the mean of it and the deep one)
+        (n, seconds), = prefill[:1]
+        at_least = PROMPT * seconds / n if len(prefill) == 1 else prefill_seconds(prefill, PROMPT)
+        return at_least * 1e3 + STEPS * statistics.median(shallow) / 2 * 1e3 > beat_ms
+
+    measured = block_vs_steps(lm, ids, context, (BLOCK, LONG), give_up)
+    if measured is None:
+        return None
+    diff, deep, prefill = measured
     if len(ids) > TILE and not prefix_vs_whole(lm, ids[:SPLIT]):
         diff = float("inf")
     step_ms = (statistics.median(shallow) + statistics.median(deep)) / 2 * 1e3
@@ -222,7 +246,7 @@ def _measure_verdict(make, threads: int) -> Verdict:
     progress.status("choosing llama.cpp's cache type and threads: bit-equality self-test (once per machine and model)")
     trials, unavailable = [], []
     with progress.timed("llama.cpp numerics self-test"):
-        for setting in CANDIDATES:
+        for setting in MEASURED_ORDER:
             if setting.single_threads >= threads:
                 continue  # the same as an all-threads candidate
             if any(t[0] == replace(setting, pad=False) and t[1] == 0.0 for t in trials):
@@ -234,12 +258,15 @@ def _measure_verdict(make, threads: int) -> Verdict:
                                 f"({e}); trying the others")
                 unavailable.append(e)
                 continue
-            diff, step_ms, prefill_tok_s = trial(lm)
+            exact = [request_ms(t[2], t[3]) for t in trials if t[1] == 0.0]
+            measured = trial(lm, min(exact, default=math.inf) * FAVOUR)
             del lm
-            trials.append((setting, diff, step_ms, prefill_tok_s))
+            if measured is None:
+                continue  # slower than a bit-exact one, whatever its bits: never picked
+            trials.append((setting, *measured))
     if not trials:
         raise unavailable[0]
-    return pick(trials)
+    return pick(sorted(trials, key=lambda t: CANDIDATES.index(t[0])))
 
 
 def pick(trials: list[tuple[Setting, float, float, float]]) -> Verdict:
