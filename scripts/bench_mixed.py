@@ -2,9 +2,11 @@
 would meet them: what auto γ learned on earlier requests (acceptance by match length, probe gaps, T(k)
 refinement) must not misprice the request at hand.
 
-Per round and state, each configuration (the defaults, γ 0; their order alternates round by round) on a
-fresh engine, in this process, the two back to back: FRESH times the workload's prompts on a new engine; MIXED first
-serves a history (agent steps, then chat, untimed) and then times the same prompts. Each prompt is its
+Per round and state, each configuration (the defaults, γ 0) on a fresh engine of its own, in this process:
+FRESH times the workload's prompts on new engines; MIXED first serves each engine a history (agent steps,
+then chat, untimed) and then times the same prompts. The two engines' requests alternate one by one (A B,
+B A, ...; who starts alternates round by round), each timed alone: blocks timed one after the other met
+machines tens of percent apart here. Each prompt is its
 own request, greedy, prefix cache off. No prompt or tool output is shared between the history and the
 workload: its agent steps are agent-repeat's sessions (the same kinds of task as agent.json's, other
 values), its chats the LAST chat prompts (the batch times the others). Except:
@@ -21,6 +23,7 @@ Printed: tokens/s per round and the median ratio defaults / γ 0 with its spread
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -54,38 +57,33 @@ def history(engine, agent_steps: int, chats: int) -> None:
         engine.generate([{"role": "user", "content": prompt}], max_new_tokens=64, temperature=0)
 
 
-def timed(engine, prompts: list[str], max_new_tokens: int, work: dict | None = None) -> float:
-    """Tokens/s of the prompts, one request each; `work` adds up their target calls, drafts and accepts."""
-    t0, tokens = time.perf_counter(), 0
+def chat_requests(engine, prompts: list[str], max_new_tokens: int, work: dict | None = None):
+    """The prompts, one request each: yields each request's tokens (`work` adds up target calls, drafts
+    and accepts)."""
     for prompt in prompts:
         stats = engine.generate([{"role": "user", "content": prompt}], max_new_tokens=max_new_tokens,
                                 temperature=0).stats
-        tokens += stats.emitted
         add_work(work, stats)
-    return tokens / (time.perf_counter() - t0)
+        yield stats.emitted
 
 
-def timed_long_agent(engine, work: dict | None = None) -> float:
-    """Tokens/s of the long-agent sessions' steps, interleaved round-robin (peer.py's order)."""
+def long_agent_requests(engine, work: dict | None = None):
+    """The long-agent sessions' steps, interleaved round-robin (peer.py's order): yields each step's tokens."""
     spec = long_agent()
     sessions = [opening(spec, t) for t in spec["transcripts"]]
-    steps = interleaved_steps(spec)
-    t0, tokens = time.perf_counter(), 0
-    for i, tool in steps:
+    for i, tool in interleaved_steps(spec):
         sessions[i].append({"role": "user", "content": TOOL_PREFIX + tool})
         out = engine.generate(sessions[i], max_new_tokens=spec["max_new_tokens"], temperature=0)
         sessions[i].append({"role": "assistant", "content": out.text})
-        tokens += out.stats.emitted
         add_work(work, out.stats)
-    return tokens / (time.perf_counter() - t0)
+        yield out.stats.emitted
 
 
-def timed_batch(engine, prompts: list[str], max_new_tokens: int, work: dict | None = None) -> float:
-    """Tokens/s of the prompts decoded as one batch."""
-    t0 = time.perf_counter()
+def batch_requests(engine, prompts: list[str], max_new_tokens: int, work: dict | None = None):
+    """The prompts decoded as one batch: yields its tokens."""
     results, stats = engine.generate_batch(prompts, max_new_tokens=max_new_tokens, temperature=0)
     add_work(work, stats)
-    return sum(r.stats.emitted for r in results) / (time.perf_counter() - t0)
+    yield sum(r.stats.emitted for r in results)
 
 
 def add_work(work: dict | None, stats) -> None:
@@ -94,8 +92,9 @@ def add_work(work: dict | None, stats) -> None:
             work[name] = work.get(name, 0) + getattr(stats, name)
 
 
-def run(workload: str, gamma, mixed: bool, args, work: dict | None = None) -> float:
-    """One configuration in one state: a fresh engine, its history if mixed, then the timed workload."""
+def requests(workload: str, gamma, mixed: bool, args, work: dict | None = None):
+    """One configuration in one state: a fresh engine, its history if mixed (untimed, here), then the
+    workload's requests, one per `next` (each yields its tokens)."""
     if workload == "batch":  # the chat prompts the history does not send
         chat = load_workload("chat")
         prompts = chat[:len(chat) - args.chats]
@@ -106,10 +105,30 @@ def run(workload: str, gamma, mixed: bool, args, work: dict | None = None) -> fl
     if mixed:
         history(engine, args.agent_steps, args.chats)
     if workload == "long-agent":
-        return timed_long_agent(engine, work)
+        return long_agent_requests(engine, work)
     if workload == "batch":
-        return timed_batch(engine, prompts, args.max_new_tokens, work)
-    return timed(engine, prompts, args.max_new_tokens, work)
+        return batch_requests(engine, prompts, args.max_new_tokens, work)
+    return chat_requests(engine, prompts, args.max_new_tokens, work)
+
+
+def alternated(configs: dict, first: int) -> dict:
+    """Tokens/s of each configuration's requests (`configs`: name -> its `requests`), request by request
+    alternated between them (A B, B A, ...; `first` picks who starts), each request timed alone: this VM's
+    speed drifts by tens of percent within a minute, and a configuration timed as one block after the
+    other's met another machine."""
+    names, seconds, tokens = list(configs), dict.fromkeys(configs, 0.0), dict.fromkeys(configs, 0)
+    for i in itertools.count():
+        done = 0
+        for name in (names if (i + first) % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            got = next(configs[name], None)
+            seconds[name] += time.perf_counter() - start
+            if got is None:
+                done += 1
+            else:
+                tokens[name] += got
+        if done == len(names):
+            return {name: tokens[name] / seconds[name] for name in names}
 
 
 def main() -> None:
@@ -123,16 +142,16 @@ def main() -> None:
     env = {k: os.environ.get(k, "") for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs; env {env}; exactspec {exactspec.__version__}", flush=True)
     for workload in args.workloads.split(","):
-        for gamma in ("auto", 0):  # warm-up: pages, allocator, caches; T(k) re-measured if provisional
-            run(workload, gamma, False, args)
+        # warm-up: pages, allocator, caches; T(k) re-measured if provisional
+        alternated({gamma: requests(workload, gamma, False, args) for gamma in ("auto", 0)}, 0)
         ratios = {"fresh": [], "mixed": []}
         work: dict = {}
         for r in range(args.rounds):
             speed = {}
-            for state in ("fresh", "mixed"):  # the two configurations of a state back to back: this VM drifts
-                for gamma in (("auto", 0) if r % 2 == 0 else (0, "auto")):
-                    speed[gamma, state] = run(workload, gamma, state == "mixed", args,
-                                              work.setdefault(f"{gamma}/{state}", {}))
+            for state in ("fresh", "mixed"):
+                configs = {gamma: requests(workload, gamma, state == "mixed", args, work.setdefault(f"{gamma}/{state}", {}))
+                           for gamma in ("auto", 0)}
+                speed.update({(gamma, state): v for gamma, v in alternated(configs, r).items()})
             for state in ratios:
                 ratios[state].append(speed["auto", state] / speed[0, state])
             print(json.dumps({"workload": workload, "round": r, **{f"{g}/{s}": round(v, 1) for (g, s), v in speed.items()},
