@@ -196,14 +196,16 @@ def test_greedy_rows_equal_rows_alone(engine, gamma, monkeypatch):
     """More prompts than rows: rows leave and join between iterations (continuous batching). Each row's
     plain decoding alone is the reference (our own greedy identity on one row is test_llama_cpp's).
     Auto γ prices a row's drafts by its own tokens while prompts wait for a row's place, and by what
-    they save the batch (the tokens each row has left) once none does."""
+    they save the batch (the tokens each row has left) once none does; an iteration where no row found a
+    copy is not priced."""
     batched_or_skip(engine)
-    asked, real = [], AutoGamma.ragged_widths
+    asked, found, real = [], [], AutoGamma.ragged_widths
     monkeypatch.setattr(AutoGamma, "ragged_widths", lambda self, alphas, base, left=None: asked.append(left)
-                        or real(self, alphas, base, left))
+                        or found.append(max(avail for _, avail in alphas)) or real(self, alphas, base, left))
     together, stats = engine.generate_batch(PROMPTS, max_new_tokens=32, temperature=0, gamma=gamma)
     if gamma == "auto":
         assert None in asked and asked[-1] is not None and 0 < min(asked[-1]) <= max(asked[-1]) <= 32, asked
+        assert min(found) > 0, found
     assert stats.target_calls < sum(len(r.token_ids) for r in together)  # rows shared forwards
     for prompt, row in zip(PROMPTS, together):
         assert row.token_ids == engine.generate(prompt, max_new_tokens=32, temperature=0, gamma=0).token_ids

@@ -158,8 +158,8 @@ def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, fl
         if copying(row.drafter, row.gamma):
             found[j] = (row.gamma, (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None
                         else (None, 0, None))
-    if not found:
-        return {}
+    if not any(given[1] for _, given in found.values()):  # nothing to cut (no row found a copy): not priced
+        return dict.fromkeys(found, 0)
     policy = next(iter(found.values()))[0]
     if policy.ragged and len(rows) > 1:  # rows not in `found` score their own tokens (fixed γ, forced)
         alphas = [found[j][0].alphas([found[j][1]])[0] if j in found else (0.0, 0) for j in range(len(rows))]
