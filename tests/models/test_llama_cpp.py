@@ -239,19 +239,26 @@ def test_tiny_gguf_matches_transformers(tiny_pair, tiny_modules):
         lm.reset()
 
 
+DEEP = 300  # past patch 10's first chunk of keys (EXACTSPEC_FA_KEYS 256): its rescale between chunks runs
+
+
 def test_grouped_heads_match_transformers(tmp_path):
     """SmolLM2's attention shape (9 query heads of 64 on 3 K/V heads), f16 cache, 2 threads: the passes the
     seventh llama.cpp patch runs with a group's heads in lockstep (scripts/llama_cpp_patches/05-query-heads-of-a-kv-head-in-lockstep.patch,
     on AVX-512 in chunks of keys: 10-per-row-attention-in-chunks-of-keys.patch; a
     lone token's 9 rows split 3+2 | 1+3 between the threads, a block's in whole groups) give transformers'
-    logits 150 tokens deep, and so does the 150-token pass before them (the tiled kernel, with the eighth
-    patch's vectorized mask, K rows and maxima). Builds with a planted bug failed it: the K/V head of a
-    2-head run one off (1.7% of the logits off, by up to 7.9), a masked key shown in the tiled kernel (31%)."""
+    logits DEEP tokens deep, past the first chunk of 256 keys, and so does the DEEP-token pass before them
+    (the tiled kernel, with the eighth patch's vectorized mask, K rows and maxima). Builds with a planted
+    bug failed it: the K/V head of a 2-head run one off (1.7% of the logits off, by up to 7.9), a masked
+    key shown in the tiled kernel (31%); in patch 10's chunks, the softmax's sum not rescaled where a later
+    chunk's largest score grew (3.2% off, by up to 5.0), and a chunk's last 16 keys left out of that sum
+    (2.5%). Those two passed this test 150 tokens deep (one chunk), and the self-test called them bit-exact:
+    steps and blocks were wrong alike."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(5)
     config = LlamaConfig(vocab_size=48, hidden_size=576, intermediate_size=256, num_hidden_layers=1,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=256,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=512,
                          tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=0)
     module = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # sharp attention whose output moves the logits: a key too many or too few shows
@@ -262,16 +269,16 @@ def test_grouped_heads_match_transformers(tmp_path):
             for proj in (layer.self_attn.v_proj, layer.self_attn.o_proj):
                 proj.weight.mul_(4.0)
     lm = LlamaCppLM(write_tiny_gguf(module, tmp_path / "gqa.gguf"), threads=2, eos_token_ids=set(), n_ubatch=512,
-                    type_k=1, type_v=1)  # n_ubatch 512: the 150-token pass is one, tiled
-    ids = torch.randint(3, 48, (1, 170), generator=torch.Generator().manual_seed(0))
+                    type_k=1, type_v=1)  # n_ubatch 512: the DEEP-token pass is one, tiled
+    ids = torch.randint(3, 48, (1, DEEP + 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        theirs = module(input_ids=ids).logits  # [1, 170, 48]
+        theirs = module(input_ids=ids).logits  # [1, DEEP + 20, 48]
     lm.reset()
-    ours = [lm.forward(ids[:, :150])]
-    for start, end in ((150, 151), (151, 152), (152, 157), (157, 165), (165, 166), (166, 170)):
-        ours.append(lm.forward(ids[:, start:end]))
+    ours = [lm.forward(ids[:, :DEEP])]
+    for start, end in ((0, 1), (1, 2), (2, 7), (7, 15), (15, 16), (16, 20)):
+        ours.append(lm.forward(ids[:, DEEP + start:DEEP + end]))
     ours = torch.cat(ours, 1)
-    assert theirs[0, 150:].std() > 0.5  # logits that tell heads apart
+    assert theirs[0, DEEP:].std() > 0.5  # logits that tell heads apart
     torch.testing.assert_close(ours, theirs, atol=0.1, rtol=2e-2)  # f16 cache, sharp attention: up to ~0.02 here
 
 
