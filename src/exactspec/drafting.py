@@ -144,12 +144,15 @@ class Drafting:
         """When auto γ next probes a drafter's written-off copies (`Probes`), kept across requests."""
         return self._probes.setdefault(draft, Probes())
 
-    def policy(self, gamma: int | str, draft: str) -> tuple[Drafter | None, int | AutoGamma]:
+    def policy(self, gamma: int | str, draft: str, views: dict | None = None) -> tuple[Drafter | None, int | AutoGamma]:
         """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over the cost
-        model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, is plain decoding)."""
+        model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, is plain decoding).
+        `views` (a request's, `generation.Request.views`): the request's view of the acceptance, kept
+        there per drafter, so that every generation of the request learns from the others' drafts."""
         if gamma == "auto" and draft != "none":
-            gamma = AutoGamma(self.cost_model(draft), acceptance=RequestAcceptance(self.acceptance(draft)),
-                              probes=self.probes(draft))
+            views = {} if views is None else views
+            view = views.setdefault(draft, RequestAcceptance(self.acceptance(draft)))
+            gamma = AutoGamma(self.cost_model(draft), acceptance=view, probes=self.probes(draft))
         elif gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
             gamma = 1
         return (self.make(draft, gamma) if gamma != 0 else None), gamma

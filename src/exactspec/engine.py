@@ -131,9 +131,11 @@ class Engine:
     def cost_model(self, draft: str | None = None, max_gamma: int = MAX_AUTO_GAMMA) -> CostModel:
         return self.drafts.cost_model(self._draft(draft), max_gamma)
 
-    def drafting(self, gamma: int | str | None = None, draft: str | None = None) -> tuple[Drafter | None, int | AutoGamma]:
-        """A fresh drafter and the γ policy (a fixed γ, or an AutoGamma) for one generation."""
-        return self.drafts.policy(self.gamma if gamma is None else check_gamma(gamma), self._draft(draft))
+    def drafting(self, gamma: int | str | None = None, draft: str | None = None,
+                 views: dict | None = None) -> tuple[Drafter | None, int | AutoGamma]:
+        """A fresh drafter and the γ policy (a fixed γ, or an AutoGamma) for one generation; `views`: the
+        request's (`Request.views`)."""
+        return self.drafts.policy(self.gamma if gamma is None else check_gamma(gamma), self._draft(draft), views)
 
     # --- building a generation: the one place a request becomes rows ----------------------
     def grammar_tokenizer(self):
@@ -173,7 +175,7 @@ class Engine:
         if laws is None:
             laws = [request.law.law(request.params, r, self.target.vocab_size) for r in results]
         draft = self._draft(request.draft)
-        first, policy = self.drafting(request.gamma, draft)
+        first, policy = self.drafting(request.gamma, draft, request.views)
         drafters = [first] + [self.drafts.make(draft, policy) if first is not None else None for _ in results[1:]]
         rows = []
         for i, (result, drafter, seed, law) in enumerate(zip(results, drafters, seeds, laws)):

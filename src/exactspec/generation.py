@@ -100,6 +100,9 @@ class Request:
     stop: list[str] | None = None
     gamma: int | str | None = None  # None: the engine's
     draft: str | None = None  # None: the engine's
+    # what its rows learn of their drafts' acceptance, per drafter (`Drafting.policy`): shared by its
+    # samples and, in one `generate_batch` call, by every prompt's rows
+    views: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:

@@ -229,4 +229,28 @@ def test_engine_keeps_what_it_learned_across_requests(tiny_target):
         first.observe_step(1, 0.01)  # a wide pass is observed with the step after it
     _, second = engine.drafting("auto")
     assert second.acceptance.shared is first.acceptance.shared and second.cost is first.cost  # a view per request
+    assert second.acceptance is not first.acceptance
     assert second.acceptance.alpha(40) > 0.99 and second.cost.target_observations[32] == 10
+
+
+def test_a_batch_calls_prompts_learn_from_one_another(embedded, monkeypatch):
+    """`generate_batch`: every prompt's rows price their copies by ONE view of the acceptance (the call's
+    `Request.views`): a batch whose first copies fail stops drafting within a few proposals, where rows
+    that each learnt alone met the history's α one by one. Two calls, or two lone requests, do not share."""
+    views = []  # each generation's acceptance view
+
+    def policy(*args):
+        drafter, gamma = real(*args)
+        views.append(gamma.acceptance)
+        return drafter, gamma
+    real = embedded.drafts.policy
+    monkeypatch.setattr(embedded.drafts, "policy", policy)
+    prompts = ["Name a fruit.", "Name a tree.", "Name a river."]
+    kw = dict(max_new_tokens=4, temperature=0, gamma="auto", draft="prompt-lookup")
+    for _ in range(2):
+        embedded.generate_batch(prompts, **kw)
+    embedded.generate(prompts[0], **kw)
+    embedded.generate(prompts[0], **kw)
+    first, second, lone, other = views[:3], views[3:6], views[6], views[7]
+    assert all(v is first[0] for v in first) and all(v is second[0] for v in second) and first[0] is not second[0]
+    assert lone is not other and lone is not first[0] and lone.shared is first[0].shared  # one engine's history

@@ -121,7 +121,9 @@ class RequestAcceptance:
     After agent steps whose long copies were accepted whole, an edit that rewrites its file instead of
     copying it was priced as the agent steps were: each of its rejected 17-33-token proposals moved the
     engine's α by a thirtieth, so it kept paying for wide passes for tens of proposals (measured in
-    docs/drafters.md, scripts/bench_mixed.py). Its own view drops below paying after a few."""
+    docs/drafters.md, scripts/bench_mixed.py). Its own view drops below paying after a few. A request's
+    samples, and the prompts of one `generate_batch` call, share one view (`generation.Request.views`):
+    a batch's rows make a few proposals each, too few to learn from alone."""
 
     def __init__(self, shared: Acceptance, strength: float = LOCAL_STRENGTH):
         self.shared, self.strength = shared, strength

@@ -37,6 +37,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
