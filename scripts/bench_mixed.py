@@ -6,14 +6,15 @@ Per round and state, each configuration (the defaults, γ 0) on a fresh engine o
 FRESH times the workload's prompts on new engines; MIXED first serves each engine a history (agent steps,
 then chat, untimed) and then times the same prompts. The two engines' requests alternate one by one (A B,
 B A, ...; who starts alternates round by round), each timed alone: blocks timed one after the other met
-machines tens of percent apart here. Each prompt is its
-own request, greedy, prefix cache off. No prompt or tool output is shared between the history and the
-workload: its agent steps are agent-repeat's sessions (the same kinds of task as agent.json's, other
-values), its chats the LAST chat prompts (the batch times the others). Except:
+machines tens of percent apart here. Each prompt is its own request, greedy, prefix cache off. No prompt
+or tool output is shared between the history and the workload: its agent steps are agent-repeat's
+sessions (the same kinds of task as agent.json's, other values), its chats the LAST chat prompts (the
+batch times the others). Except:
 - long-agent: the peer bench's 3 agent sessions interleaved behind a ~3.3k-token tool-spec system prompt,
   step by step, with a 256 MiB in-memory prefix cache (as a server holds one; the history fills it too);
 - batch: the chat prompts the history does not send, as ONE batch (generate_batch: every prompt its own
-  row and γ), the engine loaded with a row per prompt.
+  row and γ, one view of the acceptance), the engine loaded with a row per prompt; one request per
+  configuration and round, so its rounds spread widest.
 Printed: tokens/s per round and the median ratio defaults / γ 0 with its spread, fresh and mixed.
 
     env -u OMP_WAIT_POLICY .venv/bin/python scripts/bench_mixed.py --workloads edit,paraphrase,translate --rounds 3

@@ -151,8 +151,9 @@ class Drafting:
         there per drafter, so that every generation of the request learns from the others' drafts."""
         if gamma == "auto" and draft != "none":
             views = {} if views is None else views
-            view = views.setdefault(draft, RequestAcceptance(self.acceptance(draft)))
-            gamma = AutoGamma(self.cost_model(draft), acceptance=view, probes=self.probes(draft))
+            if draft not in views:
+                views[draft] = RequestAcceptance(self.acceptance(draft))
+            gamma = AutoGamma(self.cost_model(draft), acceptance=views[draft], probes=self.probes(draft))
         elif gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
             gamma = 1
         return (self.make(draft, gamma) if gamma != 0 else None), gamma
