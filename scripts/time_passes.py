@@ -4,13 +4,19 @@ context. A quick check of what state a shared VM is in before timing anything el
 instead: the mean of k-token passes after 100 tokens, repeated for 4 s (one build against another,
 process by process).
 
-    env -u OMP_WAIT_POLICY .venv/bin/python scripts/time_passes.py [--loop 4]
+    env -u OMP_WAIT_POLICY .venv/bin/python scripts/time_passes.py [--loop 4] [--target FILE.gguf]
+
+`--target`: another GGUF under its own self-tested setting (ids spread over its vocabulary);
+`--gemma-shaped`: write (once, to /tmp/exactspec-gemma3-270m-q4_k_m.gguf) and time the random-weight Gemma 3
+270M-shaped Q4_K_M file of scripts/bench_kquant_peer.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -24,9 +30,13 @@ KS = (1, 2, 3, 4, 6, 8)
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loop", type=int, metavar="K", help="only: the mean k-token pass after 100 tokens, for 4 s")
+    p.add_argument("--target", help="a GGUF file (default: the embedded model)")
+    p.add_argument("--gemma-shaped", action="store_true", help="a random Gemma 3 270M-shaped Q4_K_M file")
     args = p.parse_args()
-    lm = load_self_tested(embedded_model_path())
-    ids = [(i * 7919) % 40000 + 100 for i in range(1200)]  # [1200] spread over the vocabulary
+    path = gemma_shaped() if args.gemma_shaped else args.target or embedded_model_path()
+    lm = load_self_tested(path, n_ctx=None if path == embedded_model_path() else 4096)
+    print(lm.identity)
+    ids = [(i * 7919) % min(40000, lm.vocab_size - 200) + 100 for i in range(1200)]  # [1200] spread over the vocabulary
     if args.loop:
         return loop(lm, ids, args.loop)
 
@@ -51,6 +61,17 @@ def main() -> None:
                 lm.truncate(depth)
             row.append(statistics.median(times) * 1000)
         print(f"depth {depth}: T({','.join(map(str, KS))}) ms: " + " ".join(f"{t:.1f}" for t in row))
+
+
+def gemma_shaped(path: str = "/tmp/exactspec-gemma3-270m-q4_k_m.gguf") -> str:
+    if not os.path.exists(path):
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from tests.helpers.gguf_models import GEMMA3_270M, quantize, write_gguf
+
+        source = write_gguf("gemma3", path + ".f32", shape=GEMMA3_270M)
+        quantize(source, path, "Q4_K_M")
+        os.remove(source)
+    return path
 
 
 def loop(lm, ids: list[int], k: int, depth: int = 100, seconds: float = 4.0) -> None:

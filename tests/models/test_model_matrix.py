@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import re
 
 import pytest
@@ -21,6 +22,8 @@ from ..helpers.gguf_models import ARCHS, QUANTS, quantize, write_gguf
 
 need("llama_cpp")
 
+# the patched build on x86, where ggml's tiled K-quant kernel runs: every quant type of the matrix is bit-exact
+PATCHED_X86 = "+exactspec" in getattr(__import__("llama_cpp"), "__version__", "") and platform.machine() in ("x86_64", "AMD64")
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5] * 3  # 57 tokens: repeats to copy, past the window
 GREEDY = SamplingParams(temperature=0)
 
@@ -52,6 +55,8 @@ def test_every_architecture_and_quant_decodes_exactly_with_a_named_verdict(sourc
         assert exact, identity  # the kernels that make the embedded model bit-exact serve Q8_0 weights
     if engine.target.repack and os.environ.get(AMX_ROWS) == "1":
         assert exact, identity  # an AMX CPU: every row of these quants runs the AMX buffer's one-row kernel
+    if PATCHED_X86:
+        assert exact, identity  # elsewhere K-quants take the tiled kernel at every row count (patch 12)
 
     plain, stats = decode(engine, PROMPT, 0), Stats()
     assert decode(engine, PROMPT, 4, stats) == plain and stats.proposed > 0
@@ -64,6 +69,23 @@ def test_every_architecture_and_quant_decodes_exactly_with_a_named_verdict(sourc
         assert decode(engine, longer, 4, cached) == plain and cached.cached_tokens >= 64, cached.cached_tokens
     finally:
         engine.set_prefix_cache(None)
+
+
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q5_K_M", "Q6_K"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_k_quants_unrepacked_are_bit_exact_as_on_a_cpu_without_amx(sources, arch, quant, tmp_path):
+    """Repacking off, K-quant weights sit in ggml's plain buffer, as on a CPU without AMX after patch 12: every
+    product of them, one-token steps included, takes the tiled K-quant kernel. Upstream gave fewer than 8 rows
+    to vec_dot (another order of sums): blocks then differed from one-token steps by 0.2-0.9 here."""
+    from exactspec.engine import llamacpp_engine
+
+    path = quantize(sources[arch], str(tmp_path / f"{arch}-{quant}.gguf"), quant)
+    engine = llamacpp_engine(path, draft="prompt-lookup", gamma=4, n_ctx=256, repack=False)
+    identity = engine.runtime()["greedy_identity"]
+    if PATCHED_X86:
+        assert identity.startswith("llama.cpp: bit-exact"), identity
+    plain, stats = decode(engine, PROMPT, 0), Stats()
+    assert decode(engine, PROMPT, 4, stats) == plain and stats.proposed > 0
 
 
 def test_a_failed_prefix_check_is_named_not_reported_as_an_infinite_difference():

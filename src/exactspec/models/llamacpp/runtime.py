@@ -95,6 +95,8 @@ ll.eval([1])
 
 
 AMX_ROWS = "EXACTSPEC_AMX_ROWS"  # read by the build's AMX buffer (scripts/llama_cpp_patches/08-*)
+KQUANT_TILES = "EXACTSPEC_KQUANT_TILES"  # read by the build's tiled K-quant matmul and repack (patch 12)
+os.environ.setdefault(KQUANT_TILES, "1")  # read once, at the library's first product: set before any load
 
 
 def resolve_repack(path: str, repack: bool | None = None) -> bool:
@@ -106,7 +108,11 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
     through the one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1, set here for this process and the probe:
     faster than the tiles for a verification pass's few rows); K-quants keep AMX tiles, whose
     configuration a GCC 12 build of stock llama.cpp drops (SIGILL at the first decode; the build's patch
-    11 keeps it). Both give blocks equal to one-token steps bit for bit. The probe still decides."""
+    11 keeps it). Both give blocks equal to one-token steps bit for bit. The probe still decides.
+
+    Elsewhere (and wherever repacking is off) K-quant products of every row count take ggml's tiled
+    K-quant kernel, their weights left unrepacked (EXACTSPEC_KQUANT_TILES=1, set here: patch 12), so
+    their blocks equal one-token steps too (set when this module is imported)."""
     if cpu_has_amx():
         os.environ.setdefault(AMX_ROWS, "1")  # before any load of this process, a repack chosen by hand too
     if repack is not None:
@@ -125,7 +131,8 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
 def repack_label(repack: bool) -> str:
     """What the measurement caches key a repack setting by: with it, whether AMX rows were asked for (the
     kernels, so the verdict and T(k), differ)."""
-    return f"repack={repack}" + (f",{AMX_ROWS}={os.environ[AMX_ROWS]}" if repack and AMX_ROWS in os.environ else "")
+    label = f"repack={repack}" + (f",{AMX_ROWS}={os.environ[AMX_ROWS]}" if repack and AMX_ROWS in os.environ else "")
+    return label + (f",{KQUANT_TILES}={os.environ[KQUANT_TILES]}" if os.environ.get(KQUANT_TILES, "1") != "1" else "")
 
 
 def _decodes(path: str, env) -> bool:
