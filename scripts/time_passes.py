@@ -7,8 +7,9 @@ process by process).
     env -u OMP_WAIT_POLICY .venv/bin/python scripts/time_passes.py [--loop 4] [--target FILE.gguf]
 
 `--target`: another GGUF under its own self-tested setting (ids spread over its vocabulary);
-`--gemma-shaped`: write (once, to /tmp/exactspec-gemma3-270m-q4_k_m.gguf) and time the random-weight Gemma 3
-270M-shaped Q4_K_M file of scripts/bench_kquant_peer.py.
+`--shaped gemma3|llama`: write (once, to /tmp/exactspec-shaped-NAME-q4_k_m.gguf) and time a random-weight
+Q4_K_M file: Gemma 3 270M's shapes (scripts/bench_kquant_peer.py), or a 12-layer Llama whose every matrix
+takes K-quants (tests/helpers/gguf_models.LLAMA_K).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loop", type=int, metavar="K", help="only: the mean k-token pass after 100 tokens, for 4 s")
     p.add_argument("--target", help="a GGUF file (default: the embedded model)")
-    p.add_argument("--gemma-shaped", action="store_true", help="a random Gemma 3 270M-shaped Q4_K_M file")
+    p.add_argument("--shaped", choices=("gemma3", "llama"), help="a random-weight Q4_K_M file of these shapes")
     args = p.parse_args()
-    path = gemma_shaped() if args.gemma_shaped else args.target or embedded_model_path()
+    path = shaped(args.shaped) if args.shaped else args.target or embedded_model_path()
     lm = load_self_tested(path, n_ctx=None if path == embedded_model_path() else 4096)
     print(lm.identity)
     ids = [(i * 7919) % min(40000, lm.vocab_size - 200) + 100 for i in range(1200)]  # [1200] spread over the vocabulary
@@ -63,12 +64,14 @@ def main() -> None:
         print(f"depth {depth}: T({','.join(map(str, KS))}) ms: " + " ".join(f"{t:.1f}" for t in row))
 
 
-def gemma_shaped(path: str = "/tmp/exactspec-gemma3-270m-q4_k_m.gguf") -> str:
+def shaped(name: str) -> str:
+    path = f"/tmp/exactspec-shaped-{name}-q4_k_m.gguf"
     if not os.path.exists(path):
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-        from tests.helpers.gguf_models import GEMMA3_270M, quantize, write_gguf
+        from tests.helpers.gguf_models import GEMMA3_270M, LLAMA_K, quantize, write_gguf
 
-        source = write_gguf("gemma3", path + ".f32", shape=GEMMA3_270M)
+        kwargs = {"shape": GEMMA3_270M} if name == "gemma3" else {"shape": LLAMA_K, "layers": 12, "context": 4096}
+        source = write_gguf(name, path + ".f32", **kwargs)
         quantize(source, path, "Q4_K_M")
         os.remove(source)
     return path

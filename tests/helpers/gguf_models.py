@@ -24,6 +24,9 @@ TINY = Shape()
 # Gemma 3 270M's shapes (random weights): a speed stand-in for the real file (scripts/bench_kquant_peer.py)
 GEMMA3_270M = Shape(vocab=262144, hidden=640, ffn=2048, heads=4, kv_heads=1, head_dim=256, window=512,
                     gemma3_layers=18)
+# a small Llama whose every matrix takes K-quants (rows of 1,024 and 2,816), 12 layers: a speed stand-in for
+# a Q4_K_M file made of K-quants (scripts/time_passes.py --shaped llama)
+LLAMA_K = Shape(vocab=32000, hidden=1024, ffn=2816, heads=16, kv_heads=2, head_dim=64)
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
@@ -97,13 +100,15 @@ def write_gguf(arch: str, path: str, seed: int = 0, layers: int = 2, context: in
 
 
 QUANTS = {"Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+# rarer K-quant files (llama_ftype ids): the other types ggml's tiled K-quant kernel serves
+MORE_K_QUANTS = {"Q2_K": 10, "Q3_K_M": 12, "IQ4_XS": 30}
 
 
 def quantize(source: str, path: str, quant: str) -> str:
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = QUANTS[quant]
+    params.ftype = {**QUANTS, **MORE_K_QUANTS}[quant]
     params.nthread = 2
     if llama_cpp.llama_model_quantize(source.encode(), path.encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {source} to {quant}")

@@ -8,22 +8,24 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import re
 
 import pytest
 
+from exactspec.device import cpu_flags
 from exactspec.models.llamacpp.runtime import AMX_ROWS
 from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
 from ..conftest import need
-from ..helpers.gguf_models import ARCHS, QUANTS, quantize, write_gguf
+from ..helpers.gguf_models import ARCHS, MORE_K_QUANTS, QUANTS, quantize, write_gguf
 
 need("llama_cpp")
 
-# the patched build on x86, where ggml's tiled K-quant kernel runs: every quant type of the matrix is bit-exact
-PATCHED_X86 = "+exactspec" in getattr(__import__("llama_cpp"), "__version__", "") and platform.machine() in ("x86_64", "AMD64")
+# the patched build on a CPU with AVX-512 VNNI, where patch 12's K-quant kernels run (a native build): every
+# quant type is bit-exact. AVX2-only CPUs keep ggml's stock K-quant kernels (blocks by tolerance).
+PATCHED_VNNI = ("+exactspec" in getattr(__import__("llama_cpp"), "__version__", "")
+                and {"avx512_vnni", "avx512vl", "avx512dq"} <= cpu_flags())
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5] * 3  # 57 tokens: repeats to copy, past the window
 GREEDY = SamplingParams(temperature=0)
 
@@ -55,8 +57,8 @@ def test_every_architecture_and_quant_decodes_exactly_with_a_named_verdict(sourc
         assert exact, identity  # the kernels that make the embedded model bit-exact serve Q8_0 weights
     if engine.target.repack and os.environ.get(AMX_ROWS) == "1":
         assert exact, identity  # an AMX CPU: every row of these quants runs the AMX buffer's one-row kernel
-    if PATCHED_X86:
-        assert exact, identity  # elsewhere K-quants take the tiled kernel at every row count (patch 12)
+    if PATCHED_VNNI:
+        assert exact, identity  # elsewhere K-quants take patch 12's kernels at every row count
 
     plain, stats = decode(engine, PROMPT, 0), Stats()
     assert decode(engine, PROMPT, 4, stats) == plain and stats.proposed > 0
@@ -71,18 +73,20 @@ def test_every_architecture_and_quant_decodes_exactly_with_a_named_verdict(sourc
         engine.set_prefix_cache(None)
 
 
-@pytest.mark.parametrize("quant", ["Q4_K_M", "Q5_K_M", "Q6_K"])
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q5_K_M", "Q6_K", *MORE_K_QUANTS])
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_k_quants_unrepacked_are_bit_exact_as_on_a_cpu_without_amx(sources, arch, quant, tmp_path):
     """Repacking off, K-quant weights sit in ggml's plain buffer, as on a CPU without AMX after patch 12: every
-    product of them, one-token steps included, takes the tiled K-quant kernel. Upstream gave fewer than 8 rows
-    to vec_dot (another order of sums): blocks then differed from one-token steps by 0.2-0.9 here."""
+    product of them takes its kernels (passes of up to 12 tokens of Q4_K / Q5_K / Q6_K read the blocks
+    directly, the rest ggml's tiled K-quant kernel), each output by the tiled kernel's operations. Upstream gave
+    fewer than 8 rows to vec_dot (another order of sums): blocks then differed from one-token steps by 0.2-0.9
+    here. A planted bug in the direct kernel (one subblock's min left out) fails it."""
     from exactspec.engine import llamacpp_engine
 
     path = quantize(sources[arch], str(tmp_path / f"{arch}-{quant}.gguf"), quant)
     engine = llamacpp_engine(path, draft="prompt-lookup", gamma=4, n_ctx=256, repack=False)
     identity = engine.runtime()["greedy_identity"]
-    if PATCHED_X86:
+    if PATCHED_VNNI:
         assert identity.startswith("llama.cpp: bit-exact"), identity
     plain, stats = decode(engine, PROMPT, 0), Stats()
     assert decode(engine, PROMPT, 4, stats) == plain and stats.proposed > 0

@@ -95,7 +95,7 @@ ll.eval([1])
 
 
 AMX_ROWS = "EXACTSPEC_AMX_ROWS"  # read by the build's AMX buffer (scripts/llama_cpp_patches/08-*)
-KQUANT_TILES = "EXACTSPEC_KQUANT_TILES"  # read by the build's tiled K-quant matmul and repack (patch 12)
+KQUANT_TILES = "EXACTSPEC_KQUANT_TILES"  # read by the build's K-quant kernels and repack (patch 12)
 os.environ.setdefault(KQUANT_TILES, "1")  # read once, at the library's first product: set before any load
 
 
@@ -110,9 +110,9 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
     configuration a GCC 12 build of stock llama.cpp drops (SIGILL at the first decode; the build's patch
     11 keeps it). Both give blocks equal to one-token steps bit for bit. The probe still decides.
 
-    Elsewhere (and wherever repacking is off) K-quant products of every row count take ggml's tiled
-    K-quant kernel, their weights left unrepacked (EXACTSPEC_KQUANT_TILES=1, set here: patch 12), so
-    their blocks equal one-token steps too (set when this module is imported)."""
+    Elsewhere (and wherever repacking is off), on CPUs with AVX-512 VNNI, K-quant products of every row
+    count take the build's K-quant kernels, their weights left unrepacked (EXACTSPEC_KQUANT_TILES=1: patch
+    12), so their blocks equal one-token steps too (set when this module is imported)."""
     if cpu_has_amx():
         os.environ.setdefault(AMX_ROWS, "1")  # before any load of this process, a repack chosen by hand too
     if repack is not None:
