@@ -22,10 +22,12 @@ from ..helpers.gguf_models import ARCHS, MORE_K_QUANTS, QUANTS, quantize, write_
 
 need("llama_cpp")
 
-# the patched build on a CPU with AVX-512 VNNI, where patch 12's K-quant kernels run (a native build): every
-# quant type is bit-exact. AVX2-only CPUs keep ggml's stock K-quant kernels (blocks by tolerance).
-PATCHED_VNNI = ("+exactspec" in getattr(__import__("llama_cpp"), "__version__", "")
-                and {"avx512_vnni", "avx512vl", "avx512dq"} <= cpu_flags())
+# the patched build (a native one) on a CPU with AVX-512 VNNI, where patch 12's kernels serve every K-quant type:
+# every quant type is bit-exact; with AVX2 and FMA only, they serve Q4_K, Q5_K and Q6_K (the other K-quant types
+# keep ggml's stock kernels: blocks by tolerance)
+PATCHED = "+exactspec" in getattr(__import__("llama_cpp"), "__version__", "")
+PATCHED_VNNI = PATCHED and {"avx512_vnni", "avx512vl", "avx512dq"} <= cpu_flags()
+PATCHED_AVX2 = PATCHED and {"avx2", "fma"} <= cpu_flags()
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5] * 3  # 57 tokens: repeats to copy, past the window
 GREEDY = SamplingParams(temperature=0)
 
@@ -78,7 +80,8 @@ def test_every_architecture_and_quant_decodes_exactly_with_a_named_verdict(sourc
 def test_k_quants_unrepacked_are_bit_exact_as_on_a_cpu_without_amx(sources, arch, quant, tmp_path):
     """Repacking off, K-quant weights sit in ggml's plain buffer, as on a CPU without AMX after patch 12: every
     product of them takes its kernels (passes of up to 12 tokens of Q4_K / Q5_K / Q6_K read the blocks
-    directly, the rest ggml's tiled K-quant kernel), each output by the tiled kernel's operations. Upstream gave
+    directly, the rest ggml's tiled K-quant kernel), each output by the tiled kernel's operations (with AVX2
+    alone: Q4_K, Q5_K and Q6_K). Upstream gave
     fewer than 8 rows to vec_dot (another order of sums): blocks then differed from one-token steps by 0.2-0.9
     here. A planted bug in the direct kernel (one subblock's min left out) fails it."""
     from exactspec.engine import llamacpp_engine
@@ -86,7 +89,7 @@ def test_k_quants_unrepacked_are_bit_exact_as_on_a_cpu_without_amx(sources, arch
     path = quantize(sources[arch], str(tmp_path / f"{arch}-{quant}.gguf"), quant)
     engine = llamacpp_engine(path, draft="prompt-lookup", gamma=4, n_ctx=256, repack=False)
     identity = engine.runtime()["greedy_identity"]
-    if PATCHED_VNNI:
+    if PATCHED_VNNI or (PATCHED_AVX2 and quant in ("Q4_K_M", "Q5_K_M", "Q6_K")):
         assert identity.startswith("llama.cpp: bit-exact"), identity
     plain, stats = decode(engine, PROMPT, 0), Stats()
     assert decode(engine, PROMPT, 4, stats) == plain and stats.proposed > 0
