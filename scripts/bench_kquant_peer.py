@@ -15,6 +15,8 @@ depends on the shapes and the quant types, not on the weights' values. Then, in 
 Printed: tokens/s per round, the verdict, and the median ratios ours / stock.
 
     env -u OMP_WAIT_POLICY .venv/bin/python scripts/bench_kquant_peer.py --llama-bench PATH --prompt 8192 --rounds 3
+
+`--shape llama`: a 12-layer Llama whose every matrix takes K-quants (tests/helpers/gguf_models.LLAMA_K) instead.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tests.helpers.gguf_models import GEMMA3_270M, quantize, write_gguf  # noqa: E402
+from tests.helpers.gguf_models import GEMMA3_270M, LLAMA_K, quantize, write_gguf  # noqa: E402
 
 DECODE = 128
 
@@ -81,15 +83,17 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=8192)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quant", default="Q4_K_M")
+    p.add_argument("--shape", choices=("gemma3", "llama"), default="gemma3",
+                   help="Gemma 3 270M's shapes, or a 12-layer Llama whose every matrix takes K-quants")
     args = p.parse_args()
     from exactspec.models.llamacpp.numerics import load_self_tested
 
     env = {k: os.environ.get(k, "") for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs; env {env}", flush=True)
     folder = tempfile.mkdtemp(prefix="kquant-")
-    source = write_gguf("gemma3", os.path.join(folder, "gemma3-270m-shape.gguf"), context=args.prompt + 512,
-                        shape=GEMMA3_270M)
-    path = quantize(source, os.path.join(folder, f"gemma3-270m-shape-{args.quant}.gguf"), args.quant)
+    shape = {"shape": GEMMA3_270M} if args.shape == "gemma3" else {"shape": LLAMA_K, "layers": 12}
+    source = write_gguf(args.shape, os.path.join(folder, f"{args.shape}-shape.gguf"), context=args.prompt + 512, **shape)
+    path = quantize(source, os.path.join(folder, f"{args.shape}-shape-{args.quant}.gguf"), args.quant)
     os.remove(source)
     no_repack = stock_repack_crashes(args.llama_bench, path)
     lm = load_self_tested(path, n_ctx=args.prompt + 256)
