@@ -81,9 +81,9 @@ def test_k_quants_unrepacked_are_bit_exact_as_on_a_cpu_without_amx(sources, arch
     """Repacking off, K-quant weights sit in ggml's plain buffer, as on a CPU without AMX after patch 12: every
     product of them takes its kernels (passes of up to 12 tokens of Q4_K / Q5_K / Q6_K read the blocks
     directly, the rest ggml's tiled K-quant kernel), each output by the tiled kernel's operations (with AVX2
-    alone: Q4_K, Q5_K and Q6_K). Upstream gave
-    fewer than 8 rows to vec_dot (another order of sums): blocks then differed from one-token steps by 0.2-0.9
-    here. A planted bug in the direct kernel (one subblock's min left out) fails it."""
+    alone: Q4_K, Q5_K and Q6_K). Upstream gave fewer than 8 rows to vec_dot (another order of sums): blocks
+    then differed from one-token steps by 0.2-0.9 here. A planted bug in the direct kernel (one subblock's
+    min left out) fails it."""
     from exactspec.engine import llamacpp_engine
 
     path = quantize(sources[arch], str(tmp_path / f"{arch}-{quant}.gguf"), quant)

@@ -10,9 +10,9 @@ Repacking: llama.cpp may move quantized weights into "extra buffer types" (AVX/A
 Where the CPU advertises AMX, the build's AMX buffer runs every row of a multi-row Q4_0 / Q4_1 / Q8_0
 product through its one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1: runtime.resolve_repack sets it) and K-quants
 on AMX tiles, whose configuration a GCC 12 build of stock llama.cpp drops (SIGILL at the first decode; the
-build's patch 11 keeps it); elsewhere, with AVX-512 VNNI, K-quants take the build's K-quant kernels at every
-row count, their weights unrepacked (EXACTSPEC_KQUANT_TILES=1, set there too: patch 12); blocks equal one-token steps bit for
-bit either way. `repack=None` still probes
+build's patch 11 keeps it); elsewhere K-quants (every type with AVX-512 VNNI; Q4_K, Q5_K and Q6_K with AVX2)
+take the build's K-quant kernels at every row count, their weights unrepacked (EXACTSPEC_KQUANT_TILES=1, set
+there too: patch 12); blocks equal one-token steps bit for bit either way. `repack=None` still probes
 once per process, in a subprocess, and disables extra buffers if the probe crashes;
 EXACTSPEC_LLAMACPP_REPACK=0/1 overrides. The llama.cpp bench
 anchors are built with the same setting, so comparisons stay like for like.

@@ -110,9 +110,10 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
     configuration a GCC 12 build of stock llama.cpp drops (SIGILL at the first decode; the build's patch
     11 keeps it). Both give blocks equal to one-token steps bit for bit. The probe still decides.
 
-    Elsewhere (and wherever repacking is off), on CPUs with AVX-512 VNNI, K-quant products of every row
-    count take the build's K-quant kernels, their weights left unrepacked (EXACTSPEC_KQUANT_TILES=1: patch
-    12), so their blocks equal one-token steps too (set when this module is imported)."""
+    Elsewhere (and wherever repacking is off) K-quant products of every row count (every K-quant type with
+    AVX-512 VNNI; Q4_K, Q5_K and Q6_K with AVX2) take the build's K-quant kernels, their weights left
+    unrepacked (EXACTSPEC_KQUANT_TILES=1, set when this module is imported: patch 12), so their blocks
+    equal one-token steps too; other types and MoE experts keep llama.cpp's kernels (by tolerance)."""
     if cpu_has_amx():
         os.environ.setdefault(AMX_ROWS, "1")  # before any load of this process, a repack chosen by hand too
     if repack is not None:
