@@ -16,7 +16,7 @@ Printed: tokens/s per round, the verdict, and the median ratios ours / stock.
 
     env -u OMP_WAIT_POLICY .venv/bin/python scripts/bench_kquant_peer.py --llama-bench PATH --prompt 8192 --rounds 3
 
-`--shape llama`: a 12-layer Llama whose every matrix takes K-quants (tests/helpers/gguf_models.LLAMA_K) instead.
+`--shape llama`: a 12-layer Llama whose every matrix takes K-quants (tests/helpers/gguf_models.SHAPED) instead.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tests.helpers.gguf_models import GEMMA3_270M, LLAMA_K, quantize, write_gguf  # noqa: E402
+from tests.helpers.gguf_models import SHAPED, quantize, write_gguf  # noqa: E402
 
 DECODE = 128
 
@@ -91,8 +91,8 @@ def main() -> None:
     env = {k: os.environ.get(k, "") for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs; env {env}", flush=True)
     folder = tempfile.mkdtemp(prefix="kquant-")
-    shape = {"shape": GEMMA3_270M} if args.shape == "gemma3" else {"shape": LLAMA_K, "layers": 12}
-    source = write_gguf(args.shape, os.path.join(folder, f"{args.shape}-shape.gguf"), context=args.prompt + 512, **shape)
+    source = write_gguf(args.shape, os.path.join(folder, f"{args.shape}-shape.gguf"), context=args.prompt + 512,
+                        **SHAPED[args.shape])
     path = quantize(source, os.path.join(folder, f"{args.shape}-shape-{args.quant}.gguf"), args.quant)
     os.remove(source)
     no_repack = stock_repack_crashes(args.llama_bench, path)

@@ -68,10 +68,9 @@ def shaped(name: str) -> str:
     path = f"/tmp/exactspec-shaped-{name}-q4_k_m.gguf"
     if not os.path.exists(path):
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-        from tests.helpers.gguf_models import GEMMA3_270M, LLAMA_K, quantize, write_gguf
+        from tests.helpers.gguf_models import SHAPED, quantize, write_gguf
 
-        kwargs = {"shape": GEMMA3_270M} if name == "gemma3" else {"shape": LLAMA_K, "layers": 12, "context": 4096}
-        source = write_gguf(name, path + ".f32", **kwargs)
+        source = write_gguf(name, path + ".f32", context=4096, **SHAPED[name])
         quantize(source, path, "Q4_K_M")
         os.remove(source)
     return path

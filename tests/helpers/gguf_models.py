@@ -27,6 +27,8 @@ GEMMA3_270M = Shape(vocab=262144, hidden=640, ffn=2048, heads=4, kv_heads=1, hea
 # a small Llama whose every matrix takes K-quants (rows of 1,024 and 2,816), 12 layers: a speed stand-in for
 # a Q4_K_M file made of K-quants (scripts/time_passes.py --shaped llama)
 LLAMA_K = Shape(vocab=32000, hidden=1024, ffn=2816, heads=16, kv_heads=2, head_dim=64)
+# the speed stand-ins by name: write_gguf(name, path, **SHAPED[name], context=...)
+SHAPED = {"gemma3": {"shape": GEMMA3_270M}, "llama": {"shape": LLAMA_K, "layers": 12}}
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
