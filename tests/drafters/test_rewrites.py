@@ -72,3 +72,47 @@ def test_a_rewrite_is_learned_only_within_the_gap_it_may_span():
     rewrites.track(context + [99, 38, 5, 6])  # MAX_GAP prompt tokens became one: a rule, and aligned on
     assert [(r.src, r.out) for rs in rewrites.rules.values() for r in rs] == [(tuple(range(30, 30 + MAX_GAP)), (99,))]
     assert rewrites.at_tail(context + [99, 38, 5, 6]) == len(prompt) - 1
+
+
+# The prompt's one-line JSON as the embedded model meets it: each value is `":` ` "` value (6, 11, v) and
+# each key follows `",` ` "` (10, 11), or `,` ` "` (15, 11) after a bare value. A pretty-printing answer
+# writes `\n ` (98) before the ` "` of a key: the rule ` "` -> `\n ` ` "` after `",` and `,`, never after `":`.
+def json_line(separators: list[int], broken: list[bool]) -> tuple[list[int], list[int]]:
+    """-> (prompt, answer): line i+1 follows separator i, broken (98 inserted) or kept inline."""
+    prompt, answer = [1, 2, 5], [5]
+    for i, (k, v) in enumerate(KEYS):
+        if i:
+            prompt += [separators[i - 1], 11]
+            answer += [separators[i - 1]] + ([98, 11] if broken[i - 1] else [11])
+        prompt += [k, 6, 11, v]
+        answer += [k, 6, 11, v]
+    return prompt + [3], answer + [3]
+
+
+def test_a_rewrite_the_target_has_begun_is_written_on():
+    prompt, answer = json_line([10] * 5, [True] * 5)
+    cut = answer.index(98, answer.index(22)) + 1  # the answer's `\n ` before key 23, written by the target
+    drafter = PromptLookupDrafter()
+    write(drafter, prompt, answer[:cut])
+    # the rest of the line break, then the copy (a lookup of `",` `\n ` would copy the line after key 22)
+    assert drafter.propose(prompt + answer[:cut], 8, GREEDY, None).tokens() == answer[cut:cut + 8]
+
+
+def test_a_rewrite_is_not_written_where_the_answer_copied_its_input_as_it_is():
+    prompt, answer = json_line([10, 10, 15, 10, 10], [True] * 5)
+    drafter = PromptLookupDrafter()
+    calls = write(drafter, prompt, answer)
+    # kept after `",` and `,`: without the copies of `":` ` "` counted, written after `":` too (a new token)
+    assert not any(p[i:i + 2] == [6, 98] for p, _ in calls for i in range(len(p))), calls
+    (rule,), = drafter.rewrites.rules.values()
+    assert rule.src == (11,) and rule.out == (98, 11) and rule.by_left[6] < 0 and rule.misses == 0, rule
+
+
+def test_a_rewrite_not_kept_after_a_token_it_was_kept_after_is_not_guessed_there_again():
+    # lines 1-3 broken, then an inline list (lines 4, 5), then broken again
+    prompt, answer = json_line([10] * 5, [True, True, True, False, False])
+    drafter = PromptLookupDrafter()
+    calls = write(drafter, prompt, answer, k=16)
+    (rule,), = drafter.rewrites.rules.values()
+    assert rule.misses == 1, (rule, calls)  # proposed once inside the list, then left to the target
+    assert rule.last[10] is False and rule.doubtful(10)

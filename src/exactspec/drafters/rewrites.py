@@ -11,11 +11,19 @@ and over rewrites it already knows. Where it stops, the answer left the copy; on
 the prompt again (MIN_MATCH tokens, within MAX_GAP on either side), the tokens between are a rule:
 these prompt tokens became those answer tokens (an insertion: the next prompt token became the inserted
 ones and it). A drafter copying from the prompt then writes each rule's output in place of its input
-(`follow`), so the copy runs on through the next line break. A rule that was proposed and not kept
-counts a miss; rules with as many misses as hits are not applied, and each rule keeps that count per
-prompt token before it too (` "` after a value's `",` is rewritten, inside `["English", "French"]` or
-after a key's `":` not): that count decides after a token seen before, and after a new one the rule is
-written only if it was kept after two others (a rename, not a format's one place).
+(`follow`), so the copy runs on through the next line break.
+
+Each rule counts, per prompt token before it (`left`), how often the answer wrote it there and how often
+it copied the input as it is: a proposal of it kept or not, the answer writing it or copying past it
+unprompted (`Rule.count`, once per prompt position). That count decides after a token seen before
+(` "` is rewritten after a value's `",` and `,`, not after a key's `":`); after a new token the rule
+is written only if it was kept after two others (a rename, not a format's one place) and more often
+proposed and kept than not. Where the last outcome after a token went against its count (`doubtful`:
+the answer's `["English", "French"]` stays on one line in a file whose other commas break lines),
+the copy stops before it and the target's next token settles it: a guess there would waste every
+drafted token after it. Where the answer has begun a rule's output (the target wrote the `\\n ` of a line
+break itself), the copy writes the rest of it and goes on (`partial`), instead of losing the copy to a
+lookup of the tail.
 
 Rules are learned from this generation only (never from another request), and proposals stay point
 masses that the verifier checks like any copy: exactness is untouched.
@@ -35,7 +43,8 @@ class Rule:
     out: tuple[int, ...]  # what the answer wrote in their place (may be empty)
     hits: int = 0  # times the answer wrote it (learned, or proposed and kept)
     misses: int = 0  # times a proposal of it was not kept
-    by_left: dict[int, int] = field(default_factory=dict)  # hits - misses after each prompt token seen before it
+    by_left: dict[int, int] = field(default_factory=dict)  # kept - not kept, after each prompt token seen before it
+    last: dict[int, bool] = field(default_factory=dict)  # after each such token: whether it was kept the last time
 
     def trusted(self, left: int) -> bool:
         """Whether to write it after prompt token `left`: as it went after that token; after a token not
@@ -45,9 +54,18 @@ class Rule:
             return self.by_left[left] > 0
         return sum(n > 0 for n in self.by_left.values()) >= 2 and self.hits > self.misses
 
-    def count(self, left: int, hit: bool) -> None:
-        self.hits, self.misses = self.hits + hit, self.misses + (not hit)
+    def doubtful(self, left: int) -> bool:
+        """Whether the last time after `left` went against what its count says (`trusted`): the answer
+        has changed its way there (an inline list in a file whose other commas break lines)."""
+        return left in self.last and self.last[left] != (self.by_left[left] > 0)
+
+    def count(self, left: int, hit: bool, proposed: bool = True) -> None:
+        """An outcome after prompt token `left`: the answer kept the rule's output (`hit`) or copied its
+        input as it is; `proposed`: a proposal of it was judged (else the answer chose unprompted)."""
+        if proposed:
+            self.hits, self.misses = self.hits + hit, self.misses + (not hit)
         self.by_left[left] = self.by_left.get(left, 0) + (1 if hit else -1)
+        self.last[left] = hit
 
 
 @dataclass
@@ -58,25 +76,34 @@ class Rewrites:
     rules: dict[int, list[Rule]] = field(default_factory=dict)  # by the first prompt token they rewrite
     aligned: tuple[int, int] | None = None  # (context position, the prompt position it copies)
     run: int = 0  # tokens aligned since the copy was last lost (a match length for auto γ's pricing)
-    _pending: tuple[int, list[tuple[Rule, int, int, int]], list[int]] | None = None  # (at, spans, tokens)
+    partial: tuple[Rule, int] | None = None  # a rule whose output the answer has begun after `aligned`, and how much
+    _pending: tuple[int, list[Span], list[int]] | None = None  # (at, spans, tokens)
+    _judged: set[tuple[int, int]] = field(default_factory=set)  # (prompt position, id of a rule) counted there
 
     def start(self, prompt_len: int) -> None:
-        self.prompt_len, self.rules, self.aligned, self.run, self._pending = prompt_len, {}, None, 0, None
+        self.prompt_len, self.rules, self.aligned, self.run = prompt_len, {}, None, 0
+        self.partial = self._pending = None
+        self._judged = set()
 
     def track(self, context: list[int]) -> None:
         """Score the last proposal's rules by what was committed, then walk the alignment on: over copied
-        tokens, known rewrites, and a new rewrite where the answer copies the prompt again after it."""
+        tokens (where a rule's input is copied as it is, the rule declined after the token before it),
+        known rewrites, and a new rewrite where the answer copies the prompt again after it."""
         self._score(context)
+        self.partial = None
         if self.aligned is None:
             return
         a, q = self.aligned
         while a + 1 < len(context):
             if q + 1 < self.prompt_len and context[q + 1] == context[a + 1]:
+                self._decline(context, q + 1, a + 1)
                 a, q = a + 1, q + 1
                 self.run += 1
                 continue
             rule = self._applies(context, q + 1, context, a + 1)
-            if rule is None:
+            if rule is not None:
+                self._judge(rule, context, q + 1, True, proposed=False)
+            else:
                 rule = self._resync(context, a, q)
             if rule is None:
                 break
@@ -84,6 +111,36 @@ class Rewrites:
             self.run += len(rule.out)
         lost = len(context) - 1 - a > MAX_GAP + MIN_MATCH  # the answer went elsewhere: a lookup re-anchors
         self.aligned = None if lost else (a, q)
+        if not lost and a + 1 < len(context):
+            self.partial = self._begun(context, a, q)
+            if self.partial is not None:  # the target chose it: the copy writes only the rest
+                self._judge(self.partial[0], context, q + 1, True, proposed=False)
+
+    def _judge(self, rule: Rule, context: list[int], c: int, hit: bool, proposed: bool) -> None:
+        """Count an outcome of `rule` at prompt position c, once per position."""
+        if (c, id(rule)) not in self._judged:
+            self._judged.add((c, id(rule)))
+            rule.count(context[c - 1], hit, proposed)
+
+    def _decline(self, context: list[int], c: int, o: int) -> None:
+        """The answer (from context[o] on) copied the prompt from position c as it is: each rule of that
+        input whose output it did not write is declined after the prompt token before c."""
+        for rule in self.rules.get(context[c], ()):
+            n, m = len(rule.src), len(rule.out)
+            if (c + n <= self.prompt_len and o + max(n, m) <= len(context) and tuple(context[c:c + n]) == rule.src
+                    and tuple(context[o:o + n]) == rule.src and tuple(context[o:o + m]) != rule.out):
+                self._judge(rule, context, c, False, proposed=False)
+
+    def _begun(self, context: list[int], a: int, q: int) -> tuple[Rule, int] | None:
+        """The longest rule of prompt position q+1 whose output the answer's tail (after a) begins,
+        trusted or not: the answer has begun it."""
+        tail, c, best = tuple(context[a + 1:]), q + 1, None
+        for rule in self.rules.get(context[c], ()):
+            if (c + len(rule.src) <= self.prompt_len and tuple(context[c:c + len(rule.src)]) == rule.src
+                    and len(rule.out) > len(tail) and rule.out[:len(tail)] == tail
+                    and (best is None or len(rule.src) > len(best.src))):
+                best = rule
+        return None if best is None else (best, len(tail))
 
     def _resync(self, context: list[int], a: int, q: int) -> Rule | None:
         """Where the answer (after position a) copies the prompt again (after prompt position q) for
@@ -104,33 +161,45 @@ class Rewrites:
         o, s = a + 1 + i, q + 1 + j
         if j == 0:  # nothing of the prompt left out: the insertion goes with the next prompt token
             o, s = o + 1, s + 1
-        return self._learn(context[q], tuple(context[q + 1:s]), tuple(context[a + 1:o]))
+        return self._learn(context, q + 1, tuple(context[q + 1:s]), tuple(context[a + 1:o]))
 
     def anchor(self, context: list[int], at: int, length: int) -> None:
         """A lookup found the context's last `length` tokens copying the prompt up to position `at`
         (exclusive): the alignment starts there where it was lost (or never found), or where it does
         not reach the tail and this match is no chance (MIN_MATCH tokens)."""
         if at > self.prompt_len or (self.aligned is not None and
-                                    (self.aligned[0] == len(context) - 1 or length < MIN_MATCH)):
+                                    (self._reaches_tail(context) or length < MIN_MATCH)):
             return
-        self.aligned, self.run = (len(context) - 1, at - 1), length
+        self.aligned, self.run, self.partial = (len(context) - 1, at - 1), length, None
+
+    def _reaches_tail(self, context: list[int]) -> bool:
+        """Whether the alignment accounts for the whole context: up to its last token, or up to a rule
+        output the tail has begun."""
+        return self.aligned[0] + (self.partial[1] if self.partial else 0) == len(context) - 1
 
     def at_tail(self, context: list[int]) -> int | None:
         """The prompt position the answer's copy continues from, where the alignment reaches the tail."""
-        if self.aligned is None or self.aligned[0] != len(context) - 1 or self.aligned[1] + 1 >= self.prompt_len:
+        if self.aligned is None or not self._reaches_tail(context) or self.aligned[1] + 1 >= self.prompt_len:
             return None
         return self.aligned[1] + 1
 
     def follow(self, context: list[int], at: int, k: int) -> list[int]:
         """Up to k tokens copied from context position `at` on, each trusted rule's output written in place
-        of its prompt tokens (inside the prompt only); remembered, to score the rules by what is kept."""
+        of its prompt tokens (inside the prompt only; at `at`, the rest of a rule output the tail has
+        begun); remembered, to score the rules by what is kept."""
         out: list[int] = []
-        spans: list[tuple[Rule, int, int, int]] = []  # a rule written, the token before it, where in `out`
+        spans: list[Span] = []
         c = at
+        if self.partial is not None and self.at_tail(context) == at:
+            rule, written = self.partial
+            out.extend(rule.out[written:])
+            c += len(rule.src)
         while len(out) < k and c < len(context):
+            if c < self.prompt_len and self._doubtful(context, c):
+                break  # the target's next token settles it: a guess here would waste the rest
             rule = self._applies(context, c, None, 0) if c < self.prompt_len else None
             if rule is not None:
-                spans.append((rule, context[c - 1], len(out), len(out) + len(rule.out)))
+                spans.append(Span(rule, c, len(out), len(out) + len(rule.out)))
                 out.extend(rule.out)
                 c += len(rule.src)
             else:
@@ -139,6 +208,11 @@ class Rewrites:
         out = out[:k]
         self._pending = (len(context), spans, out) if spans else None
         return out
+
+    def _doubtful(self, context: list[int], c: int) -> bool:
+        """Whether a rule of prompt position c went the other way the last time after the token before c."""
+        return any(rule.doubtful(context[c - 1]) and tuple(context[c:c + len(rule.src)]) == rule.src
+                   for rule in self.rules.get(context[c], ()))
 
     def _applies(self, source: list[int], c: int, answer: list[int] | None, o: int) -> Rule | None:
         """The longest trusted rule whose prompt side starts at source[c] (and, given `answer`, whose
@@ -153,12 +227,13 @@ class Rewrites:
                 best = rule
         return best
 
-    def _learn(self, left: int, src: tuple[int, ...], out: tuple[int, ...]) -> Rule:
+    def _learn(self, context: list[int], c: int, src: tuple[int, ...], out: tuple[int, ...]) -> Rule:
+        """The answer wrote `out` for the prompt's `src` at position c: a new rule, or a hit of a known one."""
         rules = self.rules.setdefault(src[0], [])
         rule = next((r for r in rules if r.src == src and r.out == out), None)
         if rule is None:
             rules.append(rule := Rule(src, out))
-        rule.count(left, True)
+        self._judge(rule, context, c, True, proposed=True)
         return rule
 
     def _score(self, context: list[int]) -> None:
@@ -170,6 +245,16 @@ class Rewrites:
         self._pending = None
         committed = context[at:at + len(proposed)]
         kept = next((i for i, (p, c) in enumerate(zip(proposed, committed)) if p != c), len(committed))
-        for rule, left, begin, end in spans:
-            if kept >= end or (kept < len(committed) and begin <= kept):  # else cut before it: unknown
-                rule.count(left, kept >= end)
+        for span in spans:
+            if kept >= span.end or (kept < len(committed) and span.begin <= kept):  # else cut before it: unknown
+                self._judge(span.rule, context, span.at, kept >= span.end, proposed=True)
+
+
+@dataclass
+class Span:
+    """A rule a proposal wrote for the prompt from position `at`, as proposal[begin:end]."""
+
+    rule: Rule
+    at: int
+    begin: int
+    end: int
