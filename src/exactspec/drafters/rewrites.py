@@ -19,9 +19,9 @@ unprompted (`Rule.count`, once per prompt position). That count decides after a 
 (` "` is rewritten after a value's `",` and `,`, not after a key's `":`); after a new token the rule
 is written only if it was kept after two others (a rename, not a format's one place) and more often
 proposed and kept than not. Where the last outcome after a token went against its count (`doubtful`:
-the answer's `["English", "French"]` stays on one line in a file whose other commas break lines),
-the copy stops before it and the target's next token settles it: a guess there would waste every
-drafted token after it. Where the answer has begun a rule's output (the target wrote the `\\n ` of a line
+the answer's `["English", "French"]` stays on one line in a file whose other commas break lines), or
+after a new token where the rule is not trusted, the copy stops before it and the target's next token
+settles it: a guess there would waste every drafted token after it. Where the answer has begun a rule's output (the target wrote the `\\n ` of a line
 break itself), the copy writes the rest of it and goes on (`partial`), instead of losing the copy to a
 lookup of the tail.
 
@@ -55,9 +55,13 @@ class Rule:
         return sum(n > 0 for n in self.by_left.values()) >= 2 and self.hits > self.misses
 
     def doubtful(self, left: int) -> bool:
-        """Whether the last time after `left` went against what its count says (`trusted`): the answer
-        has changed its way there (an inline list in a file whose other commas break lines)."""
-        return left in self.last and self.last[left] != (self.by_left[left] > 0)
+        """Whether a copy should stop before it after `left` and leave it to the target: the last time
+        after `left` went against what its count says (`trusted`: the answer has changed its way there,
+        an inline list in a file whose other commas break lines), or `left` is new and the rule is not
+        trusted there (it was written elsewhere: copying its input as it is would be a guess too)."""
+        if left not in self.last:
+            return not self.trusted(left)
+        return self.last[left] != (self.by_left[left] > 0)
 
     def count(self, left: int, hit: bool, proposed: bool = True) -> None:
         """An outcome after prompt token `left`: the answer kept the rule's output (`hit`) or copied its
@@ -126,9 +130,9 @@ class Rewrites:
         """The answer (from context[o] on) copied the prompt from position c as it is: each rule of that
         input whose output it did not write is declined after the prompt token before c."""
         for rule in self.rules.get(context[c], ()):
-            n, m = len(rule.src), len(rule.out)
-            if (c + n <= self.prompt_len and o + max(n, m) <= len(context) and tuple(context[c:c + n]) == rule.src
-                    and tuple(context[o:o + n]) == rule.src and tuple(context[o:o + m]) != rule.out):
+            n, wrote = len(rule.src), tuple(context[o:o + len(rule.out)])
+            if (c + n <= self.prompt_len and o + n <= len(context) and tuple(context[c:c + n]) == rule.src
+                    and tuple(context[o:o + n]) == rule.src and wrote != rule.out[:len(wrote)]):
                 self._judge(rule, context, c, False, proposed=False)
 
     def _begun(self, context: list[int], a: int, q: int) -> tuple[Rule, int] | None:
