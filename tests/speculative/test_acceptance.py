@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from exactspec.speculative.acceptance import FORGET, LOCAL_STRENGTH, Acceptance, RequestAcceptance
+from exactspec.speculative.acceptance import BOLD_FROM, FORGET, LOCAL_STRENGTH, Acceptance, RequestAcceptance, bucket
 from exactspec.speculative.auto_gamma import AutoGamma
 from exactspec.speculative.costs import CostModel
 
@@ -87,3 +87,24 @@ def test_a_request_whose_short_copies_fail_prices_its_first_long_match_lower():
     for _ in range(4):
         edit.observe(6, 6, match=3, kind=KIND)  # its copies kept whole
     assert edit.acceptance.of(KIND).tilt > 1.0 and edit.acceptance.of(KIND).alpha(12) >= before
+
+
+def test_a_batch_view_starts_short_matches_no_bolder_than_a_fresh_engine():
+    """After agent steps whose 3-token matches were copied on whole, a lone request starts there as bold as
+    the history; a batch's (cautious) view at the fresh prior, so its first 3-token match is drafted
+    narrower. Long matches start from the history either way, and a history below the prior stays below."""
+    cost = CostModel(target_s=[0.01 * (1 + 0.5 * k) for k in range(33)], frozen=True, copies=True)
+    shared = Acceptance()
+    for _ in range(20):
+        shared.of(KIND).observe(8, 8, match=3)
+        shared.of(KIND).observe(32, 32, match=40)
+        shared.of(KIND).observe(8, 0, match=1)
+    lone, batch = RequestAcceptance(shared), RequestAcceptance(shared, cautious=True)
+    prior, history = Acceptance().of(KIND), shared.of(KIND)
+    assert bucket(3) < BOLD_FROM <= bucket(40)
+    assert lone.of(KIND).alpha(3) == pytest.approx(history.alpha(3)) and history.alpha(3) > 0.95
+    assert batch.of(KIND).alpha(3) == pytest.approx(prior.alpha(3))
+    assert batch.of(KIND).alpha(40) == pytest.approx(history.alpha(40)) and prior.alpha(40) < history.alpha(40)
+    assert batch.of(KIND).alpha(1) == pytest.approx(history.alpha(1)) and history.alpha(1) < prior.alpha(1)
+    bold, careful = (AutoGamma(cost, acceptance=v).choose([(3, 32, KIND)]) for v in (lone, batch))
+    assert careful < bold, (careful, bold)

@@ -254,3 +254,4 @@ def test_a_batch_calls_prompts_learn_from_one_another(embedded, monkeypatch):
     first, second, lone, other = views[:3], views[3:6], views[6], views[7]
     assert all(v is first[0] for v in first) and all(v is second[0] for v in second) and first[0] is not second[0]
     assert lone is not other and lone is not first[0] and lone.shared is first[0].shared  # one engine's history
+    assert first[0].cautious and second[0].cautious and not lone.cautious  # short matches: the batch's own to earn

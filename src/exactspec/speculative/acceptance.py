@@ -65,7 +65,7 @@ class Acceptance:
     otherwise pay for each short store copy until its bucket has learnt."""
 
     def __init__(self, prior_alpha: float = 0.3, prior_strength: float = 4.0, copy_prior: tuple = COPY_PRIOR):
-        priors = (prior_alpha, *copy_prior)
+        self.priors = priors = (prior_alpha, *copy_prior)  # α per bucket before any outcome
         self.prior_alpha, self.prior_strength = prior_alpha, prior_strength
         self.successes = [a * prior_strength for a in priors]
         self.failures = [(1.0 - a) * prior_strength for a in priors]
@@ -108,6 +108,7 @@ class Acceptance:
 
 LOCAL_STRENGTH = 4.0  # the most proposals' weight a request's view takes from the engine's history, per bucket:
 # the priors' own strength, so that a request is never slower to learn than on a fresh engine
+BOLD_FROM = bucket(9)  # the bucket (matches of 9+) from which a cautious view starts as bold as the history (`_View`)
 TILT_PRIOR = 4.0  # drafted tokens' weight of "as the history predicts" in a request's tilt (`_View.tilt`)
 TILT_RANGE = (0.25, 2.0)  # the most a request's own outcomes scale the history's odds, down or up
 
@@ -123,16 +124,23 @@ class RequestAcceptance:
     engine's α by a thirtieth, so it kept paying for wide passes for tens of proposals (measured in
     docs/drafters.md, scripts/bench_mixed.py). Its own view drops below paying after a few. A request's
     samples, and the prompts of one `generate_batch` call, share one view (`generation.Request.views`):
-    a batch's rows make a few proposals each, too few to learn from alone."""
+    a batch's rows make a few proposals each, too few to learn from alone.
 
-    def __init__(self, shared: Acceptance, strength: float = LOCAL_STRENGTH):
-        self.shared, self.strength = shared, strength
+    `cautious` (a `generate_batch` call's view): its buckets of matches shorter than BOLD_FROM's start no
+    higher than a fresh engine's prior. A short match is a copy in one workload and chance in another,
+    and in a batch a drafted token costs about a row's step. After agent steps whose 3-token matches
+    were copied on whole (α 0.98), the first batch of chat prompts drafted 38-51 tokens and kept 1-2
+    (docs/drafters.md). Lone requests keep the history's boldness: agent steps after agent steps
+    need it (capped there too, their steps took 5-17% longer)."""
+
+    def __init__(self, shared: Acceptance, strength: float = LOCAL_STRENGTH, cautious: bool = False):
+        self.shared, self.strength, self.cautious = shared, strength, cautious
         self._kinds: dict[object, _View] = {}
 
     def of(self, key: object = None) -> "_View":
         view = self._kinds.get(key)
         if view is None:
-            view = self._kinds[key] = _View(self.shared.of(key), self.strength)
+            view = self._kinds[key] = _View(self.shared.of(key), self.strength, BOLD_FROM if self.cautious else 0)
         return view
 
     def alpha(self, match: int | None = None) -> float:
@@ -146,8 +154,8 @@ class _View:
     """One kind's buckets as a request sees them (RequestAcceptance), the history's part of every bucket
     tilted by how this request's copies fare against it (`tilt`)."""
 
-    def __init__(self, shared: Acceptance, strength: float):
-        self.shared, self.strength = shared, strength
+    def __init__(self, shared: Acceptance, strength: float, bold_from: int = 0):
+        self.shared, self.strength, self.bold_from = shared, strength, bold_from
         self.successes: list[float | None] = [None] * len(shared.successes)  # None: not looked at yet
         self.failures: list[float] = [0.0] * len(shared.successes)
         self.history: list[float] = [0.0] * len(shared.successes)  # the history's share of `successes`
@@ -155,11 +163,13 @@ class _View:
 
     def _bucket(self, match: int | None) -> int:
         b = bucket(match)
-        if self.successes[b] is None:  # the engine's α now, weighing at most `strength` proposals
+        if self.successes[b] is None:  # the engine's α now, weighing at most `strength` proposals ...
             s, f = self.shared.successes[b], self.shared.failures[b]
-            weight = min(s + f, self.strength) / (s + f)
-            self.successes[b], self.failures[b] = s * weight, f * weight
-            self.history[b] = self.successes[b]
+            s, f = s * min(s + f, self.strength) / (s + f), f * min(s + f, self.strength) / (s + f)
+            prior = self.shared.priors[b]
+            if 0 < b < self.bold_from and s / (s + f) > prior:  # ... no higher than the prior: `cautious`
+                s, f = prior * (s + f), (1.0 - prior) * (s + f)
+            self.successes[b], self.failures[b], self.history[b] = s, f, s
         return b
 
     @property
