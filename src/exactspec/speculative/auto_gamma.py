@@ -278,17 +278,19 @@ def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int
     request waits for its own row): the batch's plain iteration per row, as a lone request's tokens are
     worth its T(1). `left` (tokens each row may still emit, in a batch that ends with its last row and
     has no request waiting for a row's place): what they save the batch (`batch_value`)."""
-    plain, batch = cost.ragged_seconds(base), len(base)
+    ragged_seconds = cost.ragged_pricer()
+    plain, batch = ragged_seconds(base), len(base)
     value = (lambda tokens: sum(tokens) / batch) if left is None else batch_value(cost, left)
     tokens = [1.0] * batch  # expected out per row
     widths, best, gain, unit = [0] * batch, [0] * batch, 1.0, value(tokens)
+    lengths, drafting = list(base), 0.0
     queue = [(-alpha, b) for b, (alpha, avail) in enumerate(alphas) if avail > 0]
     heapq.heapify(queue)
     while queue and -queue[0][0] >= 0.01:
         more, b = heapq.heappop(queue)
-        widths[b], tokens[b] = widths[b] + 1, tokens[b] - more
-        drafting = sum(cost.draft_seconds(w) for w in widths)
-        seconds = cost.ragged_seconds([n + w for n, w in zip(base, widths)]) + drafting
+        drafting += cost.draft_seconds(widths[b] + 1) - cost.draft_seconds(widths[b])
+        widths[b], tokens[b], lengths[b] = widths[b] + 1, tokens[b] - more, lengths[b] + 1
+        seconds = ragged_seconds(lengths) + drafting
         ratio = value(tokens) / unit / (seconds / plain)
         if ratio > gain:
             best, gain = list(widths), ratio
