@@ -5,7 +5,7 @@ in their place."""
 
 from __future__ import annotations
 
-from exactspec.drafters.rewrites import MAX_GAP, Rewrites
+from exactspec.drafters.rewrites import MAX_GAP, Rewrites, Rule
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.speculative.sampling import SamplingParams
 
@@ -120,3 +120,13 @@ def test_a_rewrite_not_kept_after_a_token_it_was_kept_after_is_not_guessed_there
     assert rule.misses <= 1, (rule, calls)  # proposed at most once inside the list ...
     assert ([24, 6, 11, 13, 10], 5) in calls, calls  # ... then the copy stops before it: the target decides
     assert rule.last[10] is False and rule.doubtful(10)
+
+
+def test_a_rule_declined_as_often_as_kept_stops_no_copy_after_a_new_token():
+    # learned once by chance (`the` -> `a` after 50), declined after 51: after the new 52, copy on
+    rule = Rule((40,), (41,))
+    rule.count(50, True)
+    assert rule.doubtful(52) and not rule.trusted(52)  # kept once, nowhere declined: a guess either way
+    rule.count(51, False, proposed=False)
+    assert not rule.doubtful(52) and not rule.trusted(52)
+    assert rule.doubtful(51) is False and rule.doubtful(50) is False  # as their counts say

@@ -21,9 +21,9 @@ is written only if it was kept after two others (a rename, not a format's one pl
 proposed and kept than not. Where the last outcome after a token went against its count (`doubtful`:
 the answer's `["English", "French"]` stays on one line in a file whose other commas break lines), or
 after a new token where the rule is not trusted, the copy stops before it and the target's next token
-settles it: a guess there would waste every drafted token after it. Where the answer has begun a rule's output (the target wrote the `\\n ` of a line
-break itself), the copy writes the rest of it and goes on (`partial`), instead of losing the copy to a
-lookup of the tail.
+settles it: a guess there would waste every drafted token after it. Where the answer has begun a
+rule's output (the target wrote the `\\n ` of a line break itself), the copy writes the rest of it and
+goes on (`partial`), instead of losing the copy to a lookup of the tail.
 
 Rules are learned from this generation only (never from another request), and proposals stay point
 masses that the verifier checks like any copy: exactness is untouched.
@@ -58,9 +58,10 @@ class Rule:
         """Whether a copy should stop before it after `left` and leave it to the target: the last time
         after `left` went against what its count says (`trusted`: the answer has changed its way there,
         an inline list in a file whose other commas break lines), or `left` is new and the rule is not
-        trusted there (it was written elsewhere: copying its input as it is would be a guess too)."""
+        trusted there but kept more often than declined overall (copying its input as it is would be a
+        guess too; a rule learned by chance stops copies at most as often as it was kept)."""
         if left not in self.last:
-            return not self.trusted(left)
+            return not self.trusted(left) and sum(self.by_left.values()) > 0
         return self.last[left] != (self.by_left[left] > 0)
 
     def count(self, left: int, hit: bool, proposed: bool = True) -> None:
@@ -214,7 +215,7 @@ class Rewrites:
         return out
 
     def _doubtful(self, context: list[int], c: int) -> bool:
-        """Whether a rule of prompt position c went the other way the last time after the token before c."""
+        """Whether a rule of prompt position c is `doubtful` after the token before c: the copy stops there."""
         return any(rule.doubtful(context[c - 1]) and tuple(context[c:c + len(rule.src)]) == rule.src
                    for rule in self.rules.get(context[c], ()))
 
