@@ -45,6 +45,7 @@ class Rule:
     misses: int = 0  # times a proposal of it was not kept
     by_left: dict[int, int] = field(default_factory=dict)  # kept - not kept, after each prompt token seen before it
     last: dict[int, bool] = field(default_factory=dict)  # after each such token: whether it was kept the last time
+    written: int = 0  # times the answer wrote it, proposed or not
 
     def trusted(self, left: int) -> bool:
         """Whether to write it after prompt token `left`: as it went after that token; after a token not
@@ -58,10 +59,10 @@ class Rule:
         """Whether a copy should stop before it after `left` and leave it to the target: the last time
         after `left` went against what its count says (`trusted`: the answer has changed its way there,
         an inline list in a file whose other commas break lines), or `left` is new and the rule is not
-        trusted there but kept more often than declined overall (copying its input as it is would be a
-        guess too; a rule learned by chance stops copies at most as often as it was kept)."""
+        trusted there though the answer wrote it at least twice (copying its input as it is would be a
+        guess too; a rule learned by one chance rewrite stops no copy)."""
         if left not in self.last:
-            return not self.trusted(left) and sum(self.by_left.values()) > 0
+            return not self.trusted(left) and self.written >= 2
         return self.last[left] != (self.by_left[left] > 0)
 
     def count(self, left: int, hit: bool, proposed: bool = True) -> None:
@@ -70,7 +71,7 @@ class Rule:
         if proposed:
             self.hits, self.misses = self.hits + hit, self.misses + (not hit)
         self.by_left[left] = self.by_left.get(left, 0) + (1 if hit else -1)
-        self.last[left] = hit
+        self.last[left], self.written = hit, self.written + hit
 
 
 @dataclass
