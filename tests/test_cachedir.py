@@ -72,3 +72,39 @@ def test_a_measurement_runs_in_a_thread_of_its_own_that_exits(tmp_path):
 
     with pytest.raises(ValueError, match="measured badly"):
         in_own_thread(fails)
+
+
+def test_a_measurement_inside_an_own_thread_runs_there():
+    """`engine.load` loads and measures in one thread of its own: a measurement started from there in a
+    thread of its own would compute beside the loading thread's team (libgomp's throttled mode: T(1)
+    measured at 26 ms instead of 4 on a Xeon VM), so it runs in the thread it was called from."""
+    from exactspec.cachedir import in_own_thread
+
+    outer, inner = in_own_thread(lambda: (threading.current_thread(), in_own_thread(threading.current_thread)))
+    assert outer is inner and outer is not threading.current_thread() and not outer.is_alive()
+    assert in_own_thread(threading.current_thread) is not outer  # the flag left with its thread
+
+
+def test_load_loads_and_measures_in_a_thread_that_exits(monkeypatch, tmp_path):
+    """`exactspec.load`: the models are loaded and a cached T(k) measured off the caller's thread, in one
+    thread: a team libgomp kept on the caller's thread made a server's worker decode 5x slower."""
+    import exactspec
+    from exactspec import engine, measure
+
+    threads = {}
+    load_models = engine.load_models
+
+    def loading(*args, **kwargs):
+        threads["load"] = threading.current_thread()
+        return load_models(*args, **kwargs)
+
+    def measuring(target, max_k):  # a table, without timing (this test times nothing)
+        threads["measure"] = threading.current_thread()
+        return [100], [[0.001 * (k + 1) for k in range(max_k)]]
+
+    monkeypatch.setattr(engine, "load_models", loading)
+    monkeypatch.setattr(measure, "measure_depths", measuring)
+    monkeypatch.setattr(measure, "costs_path", lambda target, max_k: tmp_path / "costs.json")  # not yet measured
+    loaded = exactspec.load(backend="llama.cpp", rows=1, ctx_size=512)
+    assert threads["load"] is threads["measure"] is not threading.current_thread(), threads
+    assert not threads["load"].is_alive() and loaded.drafts.target_measured

@@ -191,6 +191,9 @@ def _record(path: Path, window: quiet.Window, attempts: int) -> None:
         _mark(path).unlink(missing_ok=True)
 
 
+_own = threading.local()  # `inside`: this thread is one of `in_own_thread`'s
+
+
 def in_own_thread(work: Callable[[], T]) -> T:
     """work()'s result, computed in a thread of its own that then exits (its exception raised here).
     llama.cpp and torch compute on OpenMP, and libgomp keeps a team of threads for every thread that ever
@@ -199,10 +202,15 @@ def in_own_thread(work: Callable[[], T]) -> T:
     stopped spinning between a step's parallel regions (its throttled mode), so every step paid for
     waking its threads: after a fresh llama.cpp self-test, the agent workload decoded from a worker
     thread at 46 and 84 tokens/s (cold, warm), against 73 and 164 with the verdict read from the cache
-    (Zen 5, 2 threads). A thread that exits takes its team with it."""
+    (Zen 5, 2 threads). A thread that exits takes its team with it. Called from inside such a thread
+    (a measurement during `engine.load`'s), work() runs there: a thread started from one whose team
+    lives would compute in that throttled mode itself (T(1) measured at 26 ms against 4 ms on a Xeon VM)."""
+    if getattr(_own, "inside", False):
+        return work()
     out: dict = {}
 
     def run() -> None:
+        _own.inside = True
         try:
             out["value"] = work()
         except BaseException as e:  # raised in the caller's thread

@@ -43,7 +43,7 @@ def target_costs(target: CausalLM, max_k: int) -> tuple[list[int], list[list[flo
 
 def costs_path(target: CausalLM, max_k: int):
     """The cache entry of a keyed target's T(k) on this machine, with as many torch threads."""
-    return cache_dir("target-costs") / f"{machine_key(4, target.cost_key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
+    return cache_dir("target-costs") / f"{machine_key(5, target.cost_key, max_k, TARGET_DEPTHS, torch.get_num_threads())}.json"
 
 
 def _read_costs(path, max_k: int, field: str = "target_s") -> tuple[list[int], list[list[float]]] | None:
