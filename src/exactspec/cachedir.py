@@ -204,7 +204,7 @@ def in_own_thread(work: Callable[[], T]) -> T:
     thread at 46 and 84 tokens/s (cold, warm), against 73 and 164 with the verdict read from the cache
     (Zen 5, 2 threads). A thread that exits takes its team with it. Called from inside such a thread
     (a measurement during `engine.load`'s), work() runs there: a thread started from one whose team
-    lives would compute in that throttled mode itself (T(1) measured at 26 ms against 4 ms on a Xeon VM)."""
+    lives would compute in that throttled mode itself (docs/benchmarks.md, "The same trap, from loading")."""
     if getattr(_own, "inside", False):
         return work()
     out: dict = {}

@@ -18,8 +18,8 @@ from dataclasses import replace
 import torch
 
 from .batching import Job, run_jobs
-from .chat_prompt import encode_prompt
 from .cachedir import in_own_thread
+from .chat_prompt import encode_prompt
 from .chat_templates import read_template
 from .drafters.auto import DraftBandit
 from .drafting import STORE_MB, Drafting
@@ -290,8 +290,8 @@ def _loaded_engine(target: str | None, draft: str, gamma: int | str, chat_templa
     """The models loaded and, under auto γ on a target whose T(k) is cached per machine, T(k) read or
     measured. `load` runs this in a thread that exits (cachedir.in_own_thread): loading and measuring run
     OpenMP regions, and a team libgomp kept on the caller's thread made every later decode or measurement
-    from another thread run in its throttled mode (docs/llama-cpp.md: a server's worker decoded 64 tokens
-    in 1.6 s instead of 0.25, and a first start measured T(1) at 26 ms instead of 4)."""
+    from another thread run in its throttled mode: a server's worker decoded several times slower, and a
+    first start's T(k) priced wide passes as nearly free (docs/benchmarks.md, "The same trap, from loading")."""
     engine = _engine(load_models(target, draft, *model_args), gamma, chat_template)
     if engine.gamma == "auto" and engine.draft != "none" and engine.target.cost_key is not None:
         engine.cost_model()

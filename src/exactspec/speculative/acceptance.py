@@ -128,10 +128,10 @@ class RequestAcceptance:
 
     `cautious` (a `generate_batch` call's view): its buckets of matches shorter than BOLD_FROM's start no
     higher than a fresh engine's prior. A short match is a copy in one workload and chance in another,
-    and in a batch a drafted token costs about a row's step. After agent steps whose 3-token matches
-    were copied on whole (α 0.98), the first batch of chat prompts drafted 38-51 tokens and kept 1-2
-    (docs/drafters.md). Lone requests keep the history's boldness: agent steps after agent steps
-    need it (capped there too, their steps took 5-17% longer)."""
+    and in a batch a drafted token costs about a row's step: after agent steps whose short matches were
+    copied on whole, the first batch of chat prompts drafted wide on its first short match and kept
+    almost nothing. Lone requests keep the history's boldness: agent steps after agent steps need it
+    (capped there too, they ran slower; both measured in docs/drafters.md)."""
 
     def __init__(self, shared: Acceptance, strength: float = LOCAL_STRENGTH, cautious: bool = False):
         self.shared, self.strength, self.cautious = shared, strength, cautious

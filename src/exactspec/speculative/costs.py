@@ -309,7 +309,7 @@ class CostModel:
 
     def ragged_pricer(self) -> Callable[[list[int]], float]:
         """`ragged_seconds` for the many iterations one batch choice prices (auto_gamma.best_ragged), each
-        pass shape priced once: repricing every pass of every candidate took ~0.6 ms per choice."""
+        pass shape priced once (repricing every pass of every candidate was most of a choice's time)."""
         memo: dict[tuple[int, int], float] = {}
 
         def seconds(lengths: list[int]) -> float:
