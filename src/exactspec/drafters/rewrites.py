@@ -20,8 +20,9 @@ unprompted (`Rule.count`, once per prompt position). That count decides after a 
 is written only if it was kept after two others (a rename, not a format's one place) and more often
 proposed and kept than not. Where the last outcome after a token went against its count (`doubtful`:
 the answer's `["English", "French"]` stays on one line in a file whose other commas break lines), or
-after a new token where the rule is not trusted, the copy stops before it and the target's next token
-settles it: a guess there would waste every drafted token after it. Where the answer has begun a
+after a new token where the rule is not trusted though the answer wrote it twice elsewhere, the copy
+stops before it and the target's next token settles it: a guess there would waste every drafted token
+after it. Where the answer has begun a
 rule's output (the target wrote the `\\n ` of a line break itself), the copy writes the rest of it and
 goes on (`partial`), instead of losing the copy to a lookup of the tail.
 
