@@ -32,6 +32,7 @@ masses that the verifier checks like any copy: exactness is untouched.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 MAX_GAP = 8  # longest rewrite learned, on either side (tokens)
@@ -132,22 +133,25 @@ class Rewrites:
     def _decline(self, context: list[int], c: int, o: int) -> None:
         """The answer (from context[o] on) copied the prompt from position c as it is: each rule of that
         input whose output it did not write is declined after the prompt token before c."""
-        for rule in self.rules.get(context[c], ()):
+        for rule in self._inputs_at(context, c):
             n, wrote = len(rule.src), tuple(context[o:o + len(rule.out)])
-            if (c + n <= self.prompt_len and o + n <= len(context) and tuple(context[c:c + n]) == rule.src
-                    and tuple(context[o:o + n]) == rule.src and wrote != rule.out[:len(wrote)]):
+            if o + n <= len(context) and tuple(context[o:o + n]) == rule.src and wrote != rule.out[:len(wrote)]:
                 self._judge(rule, context, c, False, proposed=False)
 
     def _begun(self, context: list[int], a: int, q: int) -> tuple[Rule, int] | None:
         """The longest rule of prompt position q+1 whose output the answer's tail (after a) begins,
         trusted or not: the answer has begun it."""
-        tail, c, best = tuple(context[a + 1:]), q + 1, None
-        for rule in self.rules.get(context[c], ()):
-            if (c + len(rule.src) <= self.prompt_len and tuple(context[c:c + len(rule.src)]) == rule.src
-                    and len(rule.out) > len(tail) and rule.out[:len(tail)] == tail
-                    and (best is None or len(rule.src) > len(best.src))):
-                best = rule
-        return None if best is None else (best, len(tail))
+        tail = tuple(context[a + 1:])
+        rule = _longest(r for r in self._inputs_at(context, q + 1)
+                        if len(r.out) > len(tail) and r.out[:len(tail)] == tail)
+        return None if rule is None else (rule, len(tail))
+
+    def _inputs_at(self, context: list[int], c: int) -> list[Rule]:
+        """The rules whose input the prompt holds from position c on."""
+        if not 0 < c < self.prompt_len:
+            return []
+        return [rule for rule in self.rules.get(context[c], ())
+                if c + len(rule.src) <= self.prompt_len and tuple(context[c:c + len(rule.src)]) == rule.src]
 
     def _resync(self, context: list[int], a: int, q: int) -> Rule | None:
         """Where the answer (after position a) copies the prompt again (after prompt position q) for
@@ -218,21 +222,13 @@ class Rewrites:
 
     def _doubtful(self, context: list[int], c: int) -> bool:
         """Whether a rule of prompt position c is `doubtful` after the token before c: the copy stops there."""
-        return any(rule.doubtful(context[c - 1]) and tuple(context[c:c + len(rule.src)]) == rule.src
-                   for rule in self.rules.get(context[c], ()))
+        return any(rule.doubtful(context[c - 1]) for rule in self._inputs_at(context, c))
 
-    def _applies(self, source: list[int], c: int, answer: list[int] | None, o: int) -> Rule | None:
-        """The longest trusted rule whose prompt side starts at source[c] (and, given `answer`, whose
+    def _applies(self, context: list[int], c: int, answer: list[int] | None, o: int) -> Rule | None:
+        """The longest trusted rule whose prompt side starts at context[c] (and, given `answer`, whose
         output is what the answer wrote from answer[o] on)."""
-        if c >= len(source) or c == 0:
-            return None
-        best = None
-        for rule in self.rules.get(source[c], ()):
-            if (rule.trusted(source[c - 1]) and c + len(rule.src) <= self.prompt_len and tuple(source[c:c + len(rule.src)]) == rule.src
-                    and (answer is None or (rule.out and tuple(answer[o:o + len(rule.out)]) == rule.out))
-                    and (best is None or len(rule.src) > len(best.src))):
-                best = rule
-        return best
+        return _longest(rule for rule in self._inputs_at(context, c) if rule.trusted(context[c - 1])
+                        and (answer is None or (rule.out and tuple(answer[o:o + len(rule.out)]) == rule.out)))
 
     def _learn(self, context: list[int], c: int, src: tuple[int, ...], out: tuple[int, ...]) -> Rule:
         """The answer wrote `out` for the prompt's `src` at position c: a new rule, or a hit of a known one."""
@@ -255,6 +251,11 @@ class Rewrites:
         for span in spans:
             if kept >= span.end or (kept < len(committed) and span.begin <= kept):  # else cut before it: unknown
                 self._judge(span.rule, context, span.at, kept >= span.end, proposed=True)
+
+
+def _longest(rules: Iterable[Rule]) -> Rule | None:
+    """The rule of the longest input among `rules` (the first such), or None."""
+    return max(rules, key=lambda rule: len(rule.src), default=None)
 
 
 @dataclass
