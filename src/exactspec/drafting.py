@@ -144,16 +144,21 @@ class Drafting:
         """When auto γ next probes a drafter's written-off copies (`Probes`), kept across requests."""
         return self._probes.setdefault(draft, Probes())
 
+    def view(self, draft: str, views: dict, cautious: bool = False) -> RequestAcceptance:
+        """A request's view of a drafter's acceptance, kept in its `views` (`generation.Request.views`):
+        made on first use, `cautious` for a batch's rows (RequestAcceptance)."""
+        if draft not in views:
+            views[draft] = RequestAcceptance(self.acceptance(draft), cautious=cautious)
+        return views[draft]
+
     def policy(self, gamma: int | str, draft: str, views: dict | None = None) -> tuple[Drafter | None, int | AutoGamma]:
         """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over the cost
         model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, is plain decoding).
         `views` (a request's, `generation.Request.views`): the request's view of the acceptance, kept
         there per drafter, so that every generation of the request learns from the others' drafts."""
         if gamma == "auto" and draft != "none":
-            views = {} if views is None else views
-            if draft not in views:
-                views[draft] = RequestAcceptance(self.acceptance(draft))
-            gamma = AutoGamma(self.cost_model(draft), acceptance=views[draft], probes=self.probes(draft))
+            view = self.view(draft, views if views is not None else {})
+            gamma = AutoGamma(self.cost_model(draft), acceptance=view, probes=self.probes(draft))
         elif gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
             gamma = 1
         return (self.make(draft, gamma) if gamma != 0 else None), gamma

@@ -165,7 +165,8 @@ class _View:
         b = bucket(match)
         if self.successes[b] is None:  # the engine's α now, weighing at most `strength` proposals ...
             s, f = self.shared.successes[b], self.shared.failures[b]
-            s, f = s * min(s + f, self.strength) / (s + f), f * min(s + f, self.strength) / (s + f)
+            weight = min(s + f, self.strength) / (s + f)
+            s, f = s * weight, f * weight
             prior = self.shared.priors[b]
             if 0 < b < self.bold_from and s / (s + f) > prior:  # ... no higher than the prior: `cautious`
                 s, f = prior * (s + f), (1.0 - prior) * (s + f)

@@ -278,8 +278,8 @@ def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int
     request waits for its own row): the batch's plain iteration per row, as a lone request's tokens are
     worth its T(1). `left` (tokens each row may still emit, in a batch that ends with its last row and
     has no request waiting for a row's place): what they save the batch (`batch_value`)."""
-    ragged_seconds = cost.ragged_pricer()
-    plain, batch = ragged_seconds(base), len(base)
+    memo: dict[tuple[int, int], float] = {}  # pass shape -> its price, for every candidate below
+    plain, batch = cost.ragged_seconds(base, memo), len(base)
     value = (lambda tokens: sum(tokens) / batch) if left is None else batch_value(cost, left)
     tokens = [1.0] * batch  # expected out per row
     widths, best, gain, unit = [0] * batch, [0] * batch, 1.0, value(tokens)
@@ -290,7 +290,7 @@ def best_ragged(cost: CostModel, alphas: list[tuple[float, int]], base: list[int
         more, b = heapq.heappop(queue)
         drafting += cost.draft_seconds(widths[b] + 1) - cost.draft_seconds(widths[b])
         widths[b], tokens[b], lengths[b] = widths[b] + 1, tokens[b] - more, lengths[b] + 1
-        seconds = ragged_seconds(lengths) + drafting
+        seconds = cost.ragged_seconds(lengths, memo) + drafting
         ratio = value(tokens) / unit / (seconds / plain)
         if ratio > gain:
             best, gain = list(widths), ratio

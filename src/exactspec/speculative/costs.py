@@ -36,7 +36,6 @@ the measurements these prices start from (timed forwards) are `exactspec.measure
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from .theory import expected_tokens
@@ -303,25 +302,19 @@ class CostModel:
         """One pass of `rows` rows x k tokens, unscaled."""
         return self._plain(rows) + max(self.single_row_guess(rows, k) - self.single_row_guess(rows, 1), 0.0)
 
-    def ragged_seconds(self, lengths: list[int]) -> float:
-        """One iteration of a ragged target whose row b scores lengths[b] new tokens (>= 1 each)."""
-        return self.ragged_pricer()(lengths)
-
-    def ragged_pricer(self) -> Callable[[list[int]], float]:
-        """`ragged_seconds` for the many iterations one batch choice prices (auto_gamma.best_ragged), each
-        pass shape priced once (repricing every pass of every candidate was most of a choice's time)."""
-        memo: dict[tuple[int, int], float] = {}
-
-        def seconds(lengths: list[int]) -> float:
-            if len(lengths) <= 1:
-                return self.single_row_guess(1, lengths[0] if lengths else 1)
-            plain, priced = self._plain(len(lengths)), 0.0
-            for shape in passes(lengths):
-                if shape not in memo:
-                    memo[shape] = self._pass_seconds(*shape)
-                priced += memo[shape]
-            return plain + self.batch.extra * max(priced - plain, 0.0)
-        return seconds
+    def ragged_seconds(self, lengths: list[int], memo: dict[tuple[int, int], float] | None = None) -> float:
+        """One iteration of a ragged target whose row b scores lengths[b] new tokens (>= 1 each). `memo`:
+        each pass shape's price, kept across the many iterations one batch choice prices
+        (auto_gamma.best_ragged: repricing every pass of every candidate was most of a choice's time)."""
+        if len(lengths) <= 1:
+            return self.single_row_guess(1, lengths[0] if lengths else 1)
+        memo = {} if memo is None else memo
+        plain, priced = self._plain(len(lengths)), 0.0
+        for shape in passes(lengths):
+            if shape not in memo:
+                memo[shape] = self._pass_seconds(*shape)
+            priced += memo[shape]
+        return plain + self.batch.extra * max(priced - plain, 0.0)
 
     def seconds(self, k: int, batch: int = 1, depth: int | None = None) -> float:
         """T(batch, k): one iteration over k new tokens in each of `batch` rows (one row: at a context of
