@@ -37,6 +37,14 @@ from exactspec.models.torch_hf import HFCausalLM
 LLAMA_CPP_MISSING = "llama-cpp-python not installed (make setup builds it)"
 
 
+def patched_llama_cpp() -> bool:
+    """Whether the installed llama-cpp-python is `make setup`'s build: its version carries "+exactspec" (the
+    patches of scripts/llama_cpp_patches/, with which blocks equal one-token steps where a stock build's do not)."""
+    import llama_cpp
+
+    return "+exactspec" in getattr(llama_cpp, "__version__", "")
+
+
 def need(module: str, reason: str = LLAMA_CPP_MISSING):
     """Import `module` for a test file or fixture, or skip it where it is missing -- except under CI=true,
     where a missing engine fails the run: a CI that skipped the default backend's tests would pass with

@@ -101,7 +101,9 @@ def test_chunked_prefill_on_every_setting_the_self_test_can_choose(embedded_llam
     from exactspec.engine import Engine
     from exactspec.models.llamacpp.adapter import load_llama_cpp
 
-    patched = "+exactspec" in llama_cpp.__version__
+    from .conftest import patched_llama_cpp
+
+    patched = patched_llama_cpp()
     if not patched and setting.prefill_tile and not setting.pad:
         pytest.skip(f"a stock llama-cpp-python build ({llama_cpp.__version__}): unpadded tiles need the patched one")
     lm = load_llama_cpp(embedded_llamacpp.target.path, n_ctx=1024, threads=2, rows=4, **setting.llama_kwargs())

@@ -168,10 +168,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.compare:  # warm up allocator and kernels so neither side pays first-call costs
         with progress.timed("warm-up"):
-            engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0, grammar=constraint)
-            if engine.gamma == "auto" and engine.draft != "none":  # auto γ's T(k): once, outside the timings
+            # auto γ's T(k) (read or measured at load for a cached target): once, outside the timings, and
+            # before this thread decodes (a measurement in a thread of its own beside this thread's OpenMP
+            # team ran throttled: docs/benchmarks.md, "The same trap, from loading")
+            if engine.gamma == "auto" and engine.draft != "none" and not engine.drafts.target_measured:
                 progress.status("gamma auto: measuring the target's T(k) (a few seconds) ...")
                 engine.cost_model()
+            engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0, grammar=constraint)
     if not args.json and not args.compare and args.num_samples == 1:
         for piece in engine.stream(prompt, seed=args.seed, **common):
             print(piece, end="", flush=True)

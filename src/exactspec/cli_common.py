@@ -152,16 +152,16 @@ def report_timings(label: str) -> None:
 
 
 def warm_up(engine: "Engine") -> None:
-    """With γ "auto", measure the target's T(k) now (seconds on a CPU), not inside the first request,
-    and log what was measured and the prefix cache's budget."""
+    """With γ "auto", measure the target's T(k) now (seconds on a CPU) unless loading did (a target whose
+    T(k) is cached per machine), not inside the first request, and log it and the prefix cache's budget."""
     log = logging.getLogger("uvicorn.error")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     if engine.gamma == "auto" and engine.draft != "none":
-        t0 = time.perf_counter()
+        t0, at_load = time.perf_counter(), engine.drafts.target_measured
         costs = engine.cost_model().target_s
-        log.info("gamma auto: measured the target's T(k) in %.1f s before serving: T(1) = %.1f ms, "
-                 "T(k)/T(1) for k = 2..%d: %s", time.perf_counter() - t0, costs[0] * 1e3, len(costs),
-                 " ".join(f"{c / costs[0]:.2f}" for c in costs[1:]))
+        when = "at load" if at_load else f"in {time.perf_counter() - t0:.1f} s before serving"
+        log.info("gamma auto: the target's T(k), read or measured %s: T(1) = %.1f ms, T(k)/T(1) for k = 2..%d: %s",
+                 when, costs[0] * 1e3, len(costs), " ".join(f"{c / costs[0]:.2f}" for c in costs[1:]))
     cache = engine.prefix_cache
     disk = "" if cache is None or cache.spill is None else f"; on disk: {cache.spill.describe()}"
     log.info("prefix cache: %s%s", f"{cache.budget / 2**20:.0f} MiB" if cache is not None else "off", disk)

@@ -18,7 +18,7 @@ from exactspec.models.llamacpp.adapter import LlamaCppLM, _passes  # noqa: E402
 from exactspec.models.llamacpp.numerics import CANDIDATES  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 
-from ..conftest import prefix_cached  # noqa: E402
+from ..conftest import patched_llama_cpp, prefix_cached  # noqa: E402
 
 TILE = 64
 GREEDY = SamplingParams(temperature=0)
@@ -86,11 +86,11 @@ def tiled(request, embedded_llamacpp):
     setting = request.param
     lm = make(setting)
     diff = trial(lm)[0]
-    if diff != 0.0 and not setting.pad and "+exactspec" in llama_cpp.__version__:
+    if diff != 0.0 and not setting.pad and patched_llama_cpp():
         if trial(make(replace(setting, pad=True)))[0] == 0.0:  # only the pad makes it exact: the split-KV kernel is still there
             pytest.fail(f"make setup's llama.cpp build (scripts/build_llama_cpp.py) should have no split-KV "
                         f"kernel, yet only padded one-token steps equal blocks (unpadded: {diff})")
-    if diff != 0.0 and "+exactspec" in llama_cpp.__version__:  # the patched build makes tiles exact on every CPU
+    if diff != 0.0 and patched_llama_cpp():  # the patched build makes tiles exact on every CPU
         pytest.fail(f"tiled prefill is not bit-exact on make setup's patched build ({llama_cpp.__version__}): "
                     f"blocks or prefix + rest differ by {diff}")
     if diff != 0.0:

@@ -17,7 +17,7 @@ from exactspec.models.llamacpp.runtime import AMX_ROWS
 from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
 
-from ..conftest import need
+from ..conftest import need, patched_llama_cpp
 from ..helpers.gguf_models import ARCHS, MORE_K_QUANTS, QUANTS, quantize, write_gguf
 
 need("llama_cpp")
@@ -25,7 +25,7 @@ need("llama_cpp")
 # the patched build (a native one) on a CPU with AVX-512 VNNI, where patch 12's kernels serve every K-quant type:
 # every quant type is bit-exact; with AVX2 and FMA only, they serve Q4_K, Q5_K and Q6_K (the other K-quant types
 # keep ggml's stock kernels: blocks by tolerance)
-PATCHED = "+exactspec" in getattr(__import__("llama_cpp"), "__version__", "")
+PATCHED = patched_llama_cpp()
 PATCHED_VNNI = PATCHED and {"avx512_vnni", "avx512vl", "avx512dq"} <= cpu_flags()
 PATCHED_AVX2 = PATCHED and {"avx2", "fma"} <= cpu_flags()
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5] * 3  # 57 tokens: repeats to copy, past the window
