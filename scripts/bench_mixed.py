@@ -5,8 +5,10 @@ refinement) must not misprice the request at hand.
 Per round and state, each configuration (the defaults, γ 0) on a fresh engine of its own, in this process:
 FRESH times the workload's prompts on new engines; MIXED first serves each engine a history (agent steps,
 then chat, untimed) and then times the same prompts. The two engines' requests alternate one by one (A B,
-B A, ...; who starts alternates round by round), each timed alone: blocks timed one after the other met
-machines tens of percent apart here. Each prompt is its own request, greedy, prefix cache off. No prompt
+B A, ...; who starts alternates every two rounds), each timed alone: blocks timed one after the other met
+machines tens of percent apart here. Who is LOADED first alternates round by round: of several engines in
+one process, the one loaded while no other existed ran its one-token steps 3-6% slower than the others
+(docs/benchmarks.md, "Several engines in one process"), and the defaults, always loaded first, lost ~5%. Each prompt is its own request, greedy, prefix cache off. No prompt
 or tool output is shared between the history and the workload: its agent steps are agent-repeat's
 sessions (the same kinds of task as agent.json's, other values), its chats the LAST chat prompts (the
 batch times the others). Except:
@@ -150,9 +152,10 @@ def main() -> None:
         for r in range(args.rounds):
             speed = {}
             for state in ("fresh", "mixed"):
+                order = ("auto", 0) if r % 2 == 0 else (0, "auto")  # who is loaded first (see `main`)
                 configs = {gamma: requests(workload, gamma, state == "mixed", args, work.setdefault(f"{gamma}/{state}", {}))
-                           for gamma in ("auto", 0)}
-                speed.update({(gamma, state): v for gamma, v in alternated(configs, r).items()})
+                           for gamma in order}
+                speed.update({(gamma, state): v for gamma, v in alternated(configs, r // 2).items()})
             for state in ratios:
                 ratios[state].append(speed["auto", state] / speed[0, state])
             print(json.dumps({"workload": workload, "round": r, **{f"{g}/{s}": round(v, 1) for (g, s), v in speed.items()},
