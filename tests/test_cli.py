@@ -101,6 +101,22 @@ def test_help_explains():
     assert out.returncode == 0 and "--draft" in out.stdout and "greedy" in out.stdout
 
 
+def test_compare_warms_both_sides_alike(embedded_llamacpp, monkeypatch):
+    """`--compare`'s warm-up decodes with γ 0 and with the engine's own γ, so that the first timed
+    speculative run pays no first-call cost that the plain runs were spared (a plain-only warm-up put
+    one cold speculative run among the timed rounds)."""
+    from exactspec.cli import warm_up
+
+    ran = []
+    generate = embedded_llamacpp.generate
+    monkeypatch.setattr(embedded_llamacpp, "generate", lambda prompt, **kw: ran.append(kw["gamma"]) or generate(prompt, **kw))
+    monkeypatch.setattr(embedded_llamacpp, "gamma", "auto")
+    assert warm_up(embedded_llamacpp, "Say hi.", None) == [0, "auto"] == ran
+    ran.clear()
+    monkeypatch.setattr(embedded_llamacpp, "gamma", 0)
+    assert warm_up(embedded_llamacpp, "Say hi.", None) == [0] == ran
+
+
 def test_json_compare_contract():
     proc = exactspec("generate", "Repeat exactly: one two three four five six", "--max-new-tokens", "24",
                      "--compare", "--json", "--num-samples", "2", "--gamma", "4")  # auto γ: test_costs

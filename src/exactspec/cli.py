@@ -166,15 +166,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     def run(gamma: int | str):  # all samples decoded together, one batch
         return engine.generate_batch(prompt, n=args.num_samples, seed=args.seed, gamma=gamma, **common)
 
-    if args.compare:  # warm up allocator and kernels so neither side pays first-call costs
+    if args.compare:
         with progress.timed("warm-up"):
-            # auto γ's T(k) (read or measured at load for a cached target): once, outside the timings, and
-            # before this thread decodes (a measurement in a thread of its own beside this thread's OpenMP
-            # team ran throttled: docs/benchmarks.md, "The same trap, from loading")
-            if engine.gamma == "auto" and engine.draft != "none" and not engine.drafts.target_measured:
-                progress.status("gamma auto: measuring the target's T(k) (a few seconds) ...")
-                engine.cost_model()
-            engine.generate(prompt, max_new_tokens=4, gamma=0, temperature=0, grammar=constraint)
+            warm_up(engine, prompt, constraint)
     if not args.json and not args.compare and args.num_samples == 1:
         for piece in engine.stream(prompt, seed=args.seed, **common):
             print(piece, end="", flush=True)
@@ -200,6 +194,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"[plain decoding: {c['plain_tokens_per_s']:.1f} tok/s; speed-up {c['speedup']:.2f}x, median of "
               f"{c['rounds']} alternated rounds{spread}; outputs identical: {c['identical']}]", file=sys.stderr)
     return 0
+
+
+def warm_up(engine, prompt, grammar) -> list[int | str]:
+    """`--compare`'s warm-up: auto γ's T(k), then four tokens with each side's γ, so that neither side's
+    timed runs pay first-call costs (allocator, kernels, a policy's first pricing) -> the γs run."""
+    # auto γ's T(k) (read or measured at load for a cached target): once, outside the timings, and before
+    # this thread decodes (a measurement in a thread of its own beside this thread's OpenMP team ran
+    # throttled: docs/benchmarks.md, "The same trap, from loading")
+    if engine.gamma == "auto" and engine.draft != "none" and not engine.drafts.target_measured:
+        progress.status("gamma auto: measuring the target's T(k) (a few seconds) ...")
+        engine.cost_model()
+    gammas = list(dict.fromkeys((0, engine.gamma)))
+    for gamma in gammas:
+        engine.generate(prompt, max_new_tokens=4, gamma=gamma, temperature=0, grammar=grammar)
+    return gammas
 
 
 COMPARE_ROUNDS = (3, 15)  # runs of each side in --compare, alternated (A B B A A B ...): each side warmed alike
