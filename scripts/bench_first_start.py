@@ -40,7 +40,7 @@ def child(cache: str) -> None:
     """One start: load, then the prefill and agent figures, as one JSON line."""
     t = time.perf_counter()
     import exactspec
-    from exactspec.bench.agent import TOOL_PREFIX, load_agent_repeat, opening
+    from exactspec.bench.agent import repeat_steps
 
     engine = exactspec.load()
     loaded = time.perf_counter() - t
@@ -49,20 +49,14 @@ def child(cache: str) -> None:
     for rep in range(3):
         out = engine.generate(f"{rep * 7919} {filler}", max_new_tokens=1, temperature=0, chat_template=False)
         prefill.append(out.stats.prefill_tokens / out.stats.prefill_s)
-    work = load_agent_repeat()
-    tokens, seconds, steps = 0, 0.0, 0
-    for transcript in work["transcripts"]:
-        messages = opening(work, transcript)
-        for tool in transcript["steps"]:
-            if steps == AGENT_STEPS:
-                break
-            messages.append({"role": "user", "content": TOOL_PREFIX + tool})
-            start = time.perf_counter()
-            out = engine.generate(messages, max_new_tokens=work["max_new_tokens"], temperature=0)
-            seconds += time.perf_counter() - start
-            tokens += out.stats.emitted
-            messages.append({"role": "assistant", "content": out.text})
-            steps += 1
+    tokens, seconds, steps = 0, 0.0, repeat_steps(engine, AGENT_STEPS)
+    while True:
+        start = time.perf_counter()
+        out = next(steps, None)
+        if out is None:
+            break
+        seconds += time.perf_counter() - start
+        tokens += out.stats.emitted
     print(json.dumps({"load_s": round(loaded, 1), "prefill_tok_s": round(max(prefill), 1),
                       "agent_tok_s": round(tokens / seconds, 1), "agent_tokens": tokens}), flush=True)
 

@@ -34,7 +34,7 @@ import statistics
 import time
 
 import exactspec
-from exactspec.bench.agent import TOOL_PREFIX, load_agent_repeat, opening
+from exactspec.bench.agent import TOOL_PREFIX, opening, repeat_steps
 from exactspec.bench.peer import interleaved_steps, long_agent
 from exactspec.bench.workloads import load_workload
 
@@ -44,17 +44,8 @@ PREFIX_CACHE_MB = 256  # long-agent: the system prompt is reused across its sess
 def history(engine, agent_steps: int, chats: int) -> None:
     """Agent sessions' steps (agent-repeat's recorded tool outputs, the model's own answers), then the last
     `chats` chat prompts."""
-    work = load_agent_repeat()
-    done = 0
-    for transcript in work["transcripts"]:
-        messages = opening(work, transcript)
-        for tool in transcript["steps"]:
-            if done == agent_steps:
-                break
-            messages.append({"role": "user", "content": TOOL_PREFIX + tool})
-            out = engine.generate(messages, max_new_tokens=work["max_new_tokens"], temperature=0)
-            messages.append({"role": "assistant", "content": out.text})
-            done += 1
+    for _ in repeat_steps(engine, agent_steps):
+        pass
     chat = load_workload("chat")
     for prompt in chat[len(chat) - chats:]:
         engine.generate([{"role": "user", "content": prompt}], max_new_tokens=64, temperature=0)

@@ -73,3 +73,18 @@ def test_agent_repeat_interleaves_sessions_and_keeps_the_store(embedded):
     by = {r["method"]: r for r in rows}
     assert by["exactspec-spec"]["workload"] == "agent-repeat" and by["exactspec-spec"]["store_mb"] == 8
     assert by["exactspec-spec"]["steps"] == 2
+
+
+def test_repeat_steps_feeds_each_answer_back_into_its_session(embedded_llamacpp, monkeypatch):
+    """agent-repeat's first steps, as the scripts serve them: `steps` results, each step's messages its
+    session's history with the answers before it, a new session opening with its own task."""
+    seen = []
+    generate = embedded_llamacpp.generate
+    monkeypatch.setattr(embedded_llamacpp, "generate",
+                        lambda messages, **kw: seen.append([dict(m) for m in messages]) or generate(messages, **kw))
+    work = agent.load_agent_repeat()
+    first = len(work["transcripts"][0]["steps"])
+    out = list(agent.repeat_steps(embedded_llamacpp, first + 1))
+    assert len(out) == len(seen) == first + 1
+    assert seen[1][:-2] == seen[0] and seen[1][-2] == {"role": "assistant", "content": out[0].text}
+    assert seen[first][:3] == agent.opening(work, work["transcripts"][1]) and len(seen[first]) == 4

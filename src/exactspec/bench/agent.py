@@ -19,13 +19,14 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 
 import torch
 
 from ..engine import Engine
+from ..generation import GenerationResult
 from ..models.light_llama import hf_module
 from ..progress import shrink
 from ..speculative.sampling import SamplingParams
@@ -85,6 +86,23 @@ def opening(workload: dict, transcript: dict) -> list[dict]:
     agent's first answer (each step then appends a tool output and the answer to it)."""
     return [{"role": "system", "content": workload["system"]}, {"role": "user", "content": transcript["task"]},
             {"role": "assistant", "content": "I will use the tools step by step."}]
+
+
+def repeat_steps(engine: Engine, steps: int) -> Iterator[GenerationResult]:
+    """The first `steps` steps of agent-repeat's sessions on `engine`, session by session, greedy, each
+    answer fed back into its session (a server's traffic for scripts/bench_mixed.py's history and
+    bench_first_start.py): yields each step's result."""
+    work, done = load_agent_repeat(), 0
+    for transcript in work["transcripts"]:
+        messages = opening(work, transcript)
+        for tool in transcript["steps"]:
+            if done == steps:
+                return
+            messages.append({"role": "user", "content": TOOL_PREFIX + tool})
+            out = engine.generate(messages, max_new_tokens=work["max_new_tokens"], temperature=0)
+            messages.append({"role": "assistant", "content": out.text})
+            done += 1
+            yield out
 
 
 def replay(method: AgentMethod, workload: dict, transcript: dict, params: SamplingParams, max_new_tokens: int,
