@@ -8,10 +8,10 @@ then chat, untimed) and then times the same prompts. The two engines' requests a
 B A, ...; who starts alternates every two rounds), each timed alone: blocks timed one after the other met
 machines tens of percent apart here. Who is LOADED first alternates round by round: of several engines in
 one process, the one loaded while no other existed ran its one-token steps 3-6% slower than the others
-(docs/benchmarks.md, "Several engines in one process"), and the defaults, always loaded first, lost ~5%. Each prompt is its own request, greedy, prefix cache off. No prompt
-or tool output is shared between the history and the workload: its agent steps are agent-repeat's
-sessions (the same kinds of task as agent.json's, other values), its chats the LAST chat prompts (the
-batch times the others). Except:
+(docs/benchmarks.md, "Several engines in one process"), and the defaults, always loaded first, lost ~5%.
+Each prompt is its own request, greedy, prefix cache off. No prompt or tool output is shared between the
+history and the workload: its agent steps are agent-repeat's sessions (the same kinds of task as
+agent.json's, other values), its chats the LAST chat prompts (the batch times the others). Except:
 - long-agent: the peer bench's 3 agent sessions interleaved behind a ~3.3k-token tool-spec system prompt,
   step by step, with a 256 MiB in-memory prefix cache (as a server holds one; the history fills it too);
 - batch: the chat prompts the history does not send, as ONE batch (generate_batch: every prompt its own
@@ -143,7 +143,7 @@ def main() -> None:
         for r in range(args.rounds):
             speed = {}
             for state in ("fresh", "mixed"):
-                order = ("auto", 0) if r % 2 == 0 else (0, "auto")  # who is loaded first (see `main`)
+                order = ("auto", 0) if r % 2 == 0 else (0, "auto")  # who is loaded first (the module docstring)
                 configs = {gamma: requests(workload, gamma, state == "mixed", args, work.setdefault(f"{gamma}/{state}", {}))
                            for gamma in order}
                 speed.update({(gamma, state): v for gamma, v in alternated(configs, r // 2).items()})

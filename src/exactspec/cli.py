@@ -7,6 +7,7 @@ import json
 import os
 import statistics
 import sys
+from typing import TYPE_CHECKING
 
 from . import progress
 from ._version import __version__
@@ -15,6 +16,9 @@ from .cli_common import add_model_args, load_engine
 from .errors import ExactSpecError
 from .scale.cli import add_batch_subcommand, add_ray_serve_args, serve_on_ray, wants_ray_serve
 from .server import cli as server_cli
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -196,7 +200,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def warm_up(engine, prompt, grammar) -> list[int | str]:
+def warm_up(engine: Engine, prompt: str, grammar: object | None) -> list[int | str]:
     """`--compare`'s warm-up: auto γ's T(k), then four tokens with each side's γ, so that neither side's
     timed runs pay first-call costs (allocator, kernels, a policy's first pricing) -> the γs run."""
     # auto γ's T(k) (read or measured at load for a cached target): once, outside the timings, and before
