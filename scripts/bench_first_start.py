@@ -36,8 +36,9 @@ from pathlib import Path
 AGENT_STEPS = 8
 
 
-def child(cache: str) -> None:
-    """One start: load, then the prefill and agent figures, as one JSON line."""
+def child() -> None:
+    """One start (its cache folder: $EXACTSPEC_CACHE): load, then the prefill and agent figures, as one
+    JSON line."""
     t = time.perf_counter()
     import exactspec
     from exactspec.bench.agent import repeat_steps
@@ -82,7 +83,7 @@ def main() -> None:
     p.add_argument("--child", metavar="CACHE", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child)
+        return child()
     env = {k: os.environ.get(k, "") for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs; env {env}", flush=True)
     root = tempfile.mkdtemp(prefix="exactspec-first-start-")
