@@ -105,16 +105,16 @@ def test_compare_warms_both_sides_alike(embedded_llamacpp, monkeypatch):
     """`--compare`'s warm-up decodes with γ 0 and with the engine's own γ, so that the first timed
     speculative run pays no first-call cost that the plain runs were spared (a plain-only warm-up put
     one cold speculative run among the timed rounds)."""
-    from exactspec.cli import warm_up
+    from exactspec.cli import warm_up_compare
 
     ran = []
     generate = embedded_llamacpp.generate
     monkeypatch.setattr(embedded_llamacpp, "generate", lambda prompt, **kw: ran.append(kw["gamma"]) or generate(prompt, **kw))
     monkeypatch.setattr(embedded_llamacpp, "gamma", "auto")
-    assert warm_up(embedded_llamacpp, "Say hi.", None) == [0, "auto"] == ran
+    assert warm_up_compare(embedded_llamacpp, "Say hi.", None) == [0, "auto"] == ran
     ran.clear()
     monkeypatch.setattr(embedded_llamacpp, "gamma", 0)
-    assert warm_up(embedded_llamacpp, "Say hi.", None) == [0] == ran
+    assert warm_up_compare(embedded_llamacpp, "Say hi.", None) == [0] == ran
 
 
 def test_json_compare_contract():

@@ -172,7 +172,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.compare:
         with progress.timed("warm-up"):
-            warm_up(engine, prompt, constraint)
+            warm_up_compare(engine, prompt, constraint)
     if not args.json and not args.compare and args.num_samples == 1:
         for piece in engine.stream(prompt, seed=args.seed, **common):
             print(piece, end="", flush=True)
@@ -200,13 +200,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def warm_up(engine: Engine, prompt: str, grammar: object | None) -> list[int | str]:
+def warm_up_compare(engine: Engine, prompt: str, grammar: object | None) -> list[int | str]:
     """`--compare`'s warm-up: auto γ's T(k), then four tokens with each side's γ, so that neither side's
     timed runs pay first-call costs (allocator, kernels, a policy's first pricing) -> the γs run."""
     # auto γ's T(k) (read or measured at load for a cached target): once, outside the timings, and before
     # this thread decodes (a measurement in a thread of its own beside this thread's OpenMP team ran
     # throttled: docs/benchmarks.md, "The same trap, from loading")
-    if engine.gamma == "auto" and engine.draft != "none" and not engine.drafts.target_measured:
+    if engine.prices_drafts and not engine.drafts.target_measured:
         progress.status("gamma auto: measuring the target's T(k) (a few seconds) ...")
         engine.cost_model()
     gammas = list(dict.fromkeys((0, engine.gamma)))

@@ -156,7 +156,7 @@ def warm_up(engine: "Engine") -> None:
     T(k) is cached per machine), not inside the first request, and log it and the prefix cache's budget."""
     log = logging.getLogger("uvicorn.error")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    if engine.gamma == "auto" and engine.draft != "none":
+    if engine.prices_drafts:
         t0, at_load = time.perf_counter(), engine.drafts.target_measured
         costs = engine.cost_model().target_s
         when = "at load" if at_load else f"in {time.perf_counter() - t0:.1f} s before serving"

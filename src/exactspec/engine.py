@@ -109,6 +109,12 @@ class Engine:
     def is_encoder_decoder(self) -> bool:
         return isinstance(self.target, Seq2SeqLM)
 
+    @property
+    def prices_drafts(self) -> bool:
+        """Whether its defaults price drafts by the target's T(k) (auto γ with a drafter): T(k) is then
+        read or measured before anything is timed or served (`load`, `cli.warm_up_compare`, `cli_common.warm_up`)."""
+        return self.gamma == "auto" and self.draft != "none"
+
     def encode(self, prompt: str | list[dict], chat_template: bool | None = None) -> list[int]:
         """A user prompt (or a list of chat messages) -> prompt token ids (see `chat_prompt.encode_prompt`)."""
         return encode_prompt(self.tokenizer, prompt, self.chat_template if chat_template is None else chat_template)
@@ -291,7 +297,7 @@ def _loaded_engine(target: str | None, draft: str, gamma: int | str, chat_templa
     from another thread run in its throttled mode: a server's worker decoded several times slower, and a
     first start's T(k) priced wide passes as nearly free (docs/benchmarks.md, "The same trap, from loading")."""
     engine = _engine(load_models(target, draft, *model_args), gamma, chat_template)
-    if engine.gamma == "auto" and engine.draft != "none" and engine.target.cost_key is not None:
+    if engine.prices_drafts and engine.target.cost_key is not None:
         engine.cost_model()
     return engine
 
