@@ -313,3 +313,33 @@ def test_engine_seeded_sampling_is_plain_text_under_any_gamma(embedded):
     runs = {g: embedded.generate(prompt, max_new_tokens=32, temperature=0.8, top_p=0.95, seed=7, gamma=g).token_ids
             for g in (0, 4, 16, "auto")}
     assert runs[4] == runs[0] and runs[16] == runs[0] and runs["auto"] == runs[0]
+
+
+def test_a_drafter_reads_its_prompt_when_its_row_joins(fast_tiny, monkeypatch):
+    """`ReadsPrompt`: a row's drafter indexes its prompt at the row's set-up, before the prefill, so the first
+    step, right after the prefill, does not; a drafter whose read fails fails its own row alone."""
+    events = []
+
+    class Reading(PromptLookupDrafter):
+        def read_prompt(self, prompt):
+            events.append(("read", list(prompt)))
+            super().read_prompt(prompt)
+
+    class Failing(PromptLookupDrafter):
+        def read_prompt(self, prompt):
+            raise RuntimeError("injected read failure")
+
+    real = fast_tiny.forward_rows
+    monkeypatch.setattr(fast_tiny, "forward_rows", lambda ids, logits=True: events.append("pass") or real(ids, logits))
+    decoder, out = BatchDecoder(fast_tiny), {"a": [], "b": []}
+    decoder.add([greedy_row("a", PROMPTS[0], Reading(), 3), greedy_row("b", PROMPTS[2], Failing(), 3)])
+    assert events[0] == ("read", PROMPTS[0]) and "pass" in events[1:]  # read before its prefill
+    failed = {}
+    while decoder.rows:
+        for row, tokens in decoder.step():
+            out[row.key] += tokens
+            if row.error is not None:
+                failed[row.key] = str(row.error)
+    assert failed == {"b": "injected read failure"} and out["b"] == []
+    assert out["a"] == run_alone(fast_tiny, None, PROMPTS[0], GREEDY, 0, 20, 0)
+    assert [e for e in events if e != "pass"] == [("read", PROMPTS[0])]  # read once

@@ -27,6 +27,7 @@ from exactspec.speculative import verify as verify_module
 from exactspec.speculative.auto_gamma import AutoGamma
 from exactspec.speculative.interfaces import Proposal
 from exactspec.speculative.law import Penalties, TargetLaw
+from exactspec.speculative.rows import Row
 from exactspec.speculative.sampling import SamplingParams, as_numpy, warp
 
 from ..helpers.exact_law import distance, enumerate_law, target_law
@@ -131,17 +132,21 @@ def always_accept(draft_ids, draft_probs, target_probs, uniforms, lenience=1.0):
 
 
 def cut_after_drafting(match_of):
-    """Under auto γ, every drafter's proposal is cut after drafting, as a copy's is (propose.copying),
+    """Under auto γ, every drafter's proposal is cut after drafting, as a copy's is (`Row.copying`),
     to auto γ's width for the match length `match_of(proposal)` that the bigram drafter now reports."""
-    original = NGramDrafter.propose
+    original, row_init = NGramDrafter.propose, Row.__post_init__
 
     def propose(self, *args, **kwargs):
         proposal = original(self, *args, **kwargs)
         proposal.match = match_of(proposal)
         return proposal
 
+    def every_row_copies(self):
+        row_init(self)
+        self.copying = isinstance(self.gamma, AutoGamma)
+
     def install(mp):
-        mp.setattr(propose_module, "copying", lambda drafter, gamma: isinstance(gamma, AutoGamma))
+        mp.setattr(Row, "__post_init__", every_row_copies)
         mp.setattr(NGramDrafter, "propose", propose)
     return install
 

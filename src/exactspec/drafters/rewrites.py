@@ -97,7 +97,8 @@ class Rewrites:
         """Score the last proposal's rules by what was committed, then walk the alignment on: over copied
         tokens (where a rule's input is copied as it is, the rule declined after the token before it),
         known rewrites, and a new rewrite where the answer copies the prompt again after it."""
-        self._score(context)
+        if self._pending is not None:
+            self._score(context)
         self.partial = None
         if self.aligned is None:
             return

@@ -66,11 +66,12 @@ class Match:
 
 
 class _Doc:
-    __slots__ = ("tokens", "prev")
+    __slots__ = ("tokens", "prev", "tables")
 
-    def __init__(self, orders: int) -> None:
+    def __init__(self, orders: tuple[int, ...], heads: list[dict[int, int]]) -> None:
         self.tokens: list[int] = []
-        self.prev = [array("q") for _ in range(orders)]  # per order: previous position of the n-gram ending here
+        self.prev = [array("q") for _ in orders]  # per order: previous position of the n-gram ending here
+        self.tables = list(zip(orders, heads, self.prev))  # per order: n, the index's hash table, its chain links
 
 
 class SuffixIndex:
@@ -95,7 +96,7 @@ class SuffixIndex:
     def new_doc(self) -> int:
         doc = self._next_doc
         self._next_doc += 1
-        self.docs[doc] = _Doc(len(self.orders))
+        self.docs[doc] = _Doc(self.orders, self.heads)
         return doc
 
     def alive(self, doc: int) -> bool:
@@ -108,10 +109,9 @@ class SuffixIndex:
     def extend(self, doc: int, tokens: list[int]) -> None:
         """Append tokens to a document, indexing each n-gram that now has a next token."""
         d = self.docs[doc]
-        seq, base = d.tokens, doc * STRIDE
+        seq, base, tables = d.tokens, doc * STRIDE, d.tables
         if self.budget is not None:  # one document alone never outgrows the budget: its tail is not kept
             tokens = tokens[: max(0, self.budget // BYTES_PER_TOKEN - len(seq))]
-        tables = list(zip(self.orders, self.heads, d.prev))  # per order: n, its hash table, its chain links
         for token in tokens:  # (every step of every request appends one: kept tight)
             end = len(seq)  # the new token's offset: the n-grams ending here are followed by it
             seq.append(token)
@@ -149,8 +149,12 @@ class SuffixIndex:
         for o, n in enumerate(self.orders):
             if len(tail) < n or n < shortest:
                 continue
+            gram = tail[-n:]
+            latest = self.heads[o].get(hash(tuple(gram)), -1)
+            if latest < 0:  # never seen (most lookups): no walk set up
+                continue
             best, nexts = None, []
-            for doc, end, seq in self._occurrences(o, tail[-n:]):
+            for doc, end, seq in self._occurrences(o, gram, latest):
                 nexts.append(seq[end])
                 if best is None or self._longer(seq, end, tail, best.length):
                     best = Match(doc, end, self._agreement(seq, end, tail, n if best is None else best.length + 1), 0, 0)
@@ -161,10 +165,11 @@ class SuffixIndex:
                 return best
         return None
 
-    def _occurrences(self, o: int, gram: list[int]) -> Iterator[tuple[int, int, list[int]]]:
+    def _occurrences(self, o: int, gram: list[int], latest: int | None = None) -> Iterator[tuple[int, int, list[int]]]:
         """(doc, end, its tokens) of the earlier occurrences of `gram` (order index o), latest first,
-        at most `chain` of them walked."""
-        n, pos, walked = len(gram), self.heads[o].get(hash(tuple(gram)), -1), 0
+        at most `chain` of them walked; `latest`: the position its hash table holds, if looked up already."""
+        pos = self.heads[o].get(hash(tuple(gram)), -1) if latest is None else latest
+        n, walked = len(gram), 0
         while pos >= 0 and walked < self.chain:
             walked += 1
             doc, end = divmod(pos, STRIDE)
@@ -249,8 +254,9 @@ class SuffixDrafter:
     def sync(self, context: list[int]) -> None:
         """Index the context tokens not seen yet (the context only grows within one generation)."""
         if self.index is not None:
-            seen = self.index.length(self._doc)
-            if seen > len(context) or (seen and self.index.docs[self._doc].tokens[seen - 1] != context[seen - 1]):
+            indexed = self.index.docs[self._doc].tokens
+            seen = len(indexed)
+            if seen > len(context) or (seen and indexed[seen - 1] != context[seen - 1]):
                 # not the context indexed so far (a new generation): start over
                 self.index = SuffixIndex(max_match=self.max_match, orders=self.orders)
                 self._doc, seen = self.index.new_doc(), 0
@@ -262,6 +268,10 @@ class SuffixDrafter:
         if self.store is not None:
             self._write(context)
 
+    def read_prompt(self, prompt: list[int]) -> None:
+        """Index the prompt before decoding (`ReadsPrompt`): the first proposal then indexes nothing."""
+        self.sync(prompt)
+
     def _write(self, context: list[int]) -> None:
         with self.store.lock:
             if self._store_doc is None or not self.store.alive(self._store_doc):  # first write, or evicted
@@ -272,16 +282,15 @@ class SuffixDrafter:
 
     def lookup(self, context: list[int]) -> tuple[SuffixIndex, Match] | None:
         """The best match of the context's tail among the drafter's sources, with the index holding it."""
-        tail = context[-self.max_match:]
         best = None
         for name, index in (("context", self.index), ("store", self.store)):
             if index is None:
                 continue
             if index is self.store:
                 with index.lock:
-                    match = index.find(tail, self.shortest)
+                    match = index.find(context, self.shortest)
             else:  # the request's own index: no one else's
-                match = index.find(tail, self.shortest)
+                match = index.find(context, self.shortest)
             if match is not None and (best is None or match.length > best[1].length):
                 best, self.source = (index, match), name
         return best
@@ -304,9 +313,9 @@ class SuffixDrafter:
             follow = index.continuation(self.found, k)
         if index is self.store:  # another request's text: only as far as what the store saw agrees
             with self.store.lock:
-                follow = follow[: self.store.supported(context[-self.max_match:], follow)]
+                follow = follow[: self.store.supported(context, follow)]
             if not follow and self.index is not None:  # contested at once: the context's own match, if any
-                self.source, found = "context", self.index.find(context[-self.max_match:], self.shortest)
+                self.source, found = "context", self.index.find(context, self.shortest)
                 if found is not None:
                     self.found, follow = found, self.index.continuation(found, k)
         if not follow:

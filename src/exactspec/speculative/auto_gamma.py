@@ -70,6 +70,7 @@ class AutoGamma:
                  first_probe: int = 8, min_gain: float = 1.05, acceptance: Acceptance | RequestAcceptance | None = None,
                  probes: Probes | None = None):
         self.cost, self.min_gain = cost, min_gain
+        self.max_gamma, self.ragged = cost.max_gamma, cost.ragged  # the cost model's: fixed for its life
         self.acceptance = acceptance if acceptance is not None else Acceptance(prior_alpha, prior_strength)
         self.probes = probes if probes is not None else Probes(first_probe)
         self.rest, self.rest_gap = 0, 1  # batched iterations left to sit out, and the next rest (`resting`)
@@ -81,14 +82,6 @@ class AutoGamma:
     @property
     def alpha(self) -> float:
         return self.acceptance.alpha(None)
-
-    @property
-    def max_gamma(self) -> int:
-        return self.cost.max_gamma
-
-    @property
-    def ragged(self) -> bool:
-        return self.cost.ragged
 
     def budget(self, rows: int, copying: bool) -> int:
         """Drafts to propose this iteration in a batch of `rows`: a copying drafter all auto may use
@@ -160,13 +153,14 @@ class AutoGamma:
         its bucket's, so only the buckets' shortest lengths are priced."""
         if self.probes.due:
             return 1
-
-        def price() -> int:
-            for match in (edge for edge in BUCKET_EDGES if edge < longest):
-                if any(self.best([(match, self.max_gamma, kind)], 1)[1] >= self.min_gain for kind in kinds):
-                    return match
-            return longest
-        return self._recall(("copy", tuple(kinds), longest), price)
+        key = ("copy", tuple(kinds), longest)
+        known = self._recall(key)
+        if known is not None:
+            return known
+        for match in (edge for edge in BUCKET_EDGES if edge < longest):
+            if any(self.best([(match, self.max_gamma, kind)], 1)[1] >= self.min_gain for kind in kinds):
+                return self._keep(key, match)
+        return self._keep(key, longest)
 
     def model_width(self, kind: object, k: int) -> int:
         """The width auto γ gives a model drafter's proposal of at most k tokens (`best` at its one α,
@@ -175,16 +169,25 @@ class AutoGamma:
         def price(widest: int) -> int:
             width, gain = self.best([(None, widest, kind)], 1)
             return width if gain >= self.min_gain else 0
-        width = self._recall(("model", kind), lambda: price(self.max_gamma))
+        key = ("model", kind)
+        width = self._recall(key)
+        if width is None:
+            width = self._keep(key, price(self.max_gamma))
         return width if width <= k else price(k)  # no width pays at k that does not at max_gamma
 
-    def _recall(self, key: tuple, price) -> int:
-        """price()'s answer for `key`, kept for REPRICE calls or until the next outcome (`observe`)."""
+    def _recall(self, key: tuple) -> int | None:
+        """The answer priced for `key`, while it is kept (REPRICE calls, or until the next outcome:
+        `observe`); None: price it again (`_keep`)."""
         known = self._priced.get(key)
         if known is None or known[1] <= 0:
-            known = (price(), REPRICE + 1)
+            return None
         self._priced[key] = (known[0], known[1] - 1)
         return known[0]
+
+    def _keep(self, key: tuple, answer: int) -> int:
+        """A new pricing's answer for `key`: it serves this call and the REPRICE after it."""
+        self._priced[key] = (answer, REPRICE)
+        return answer
 
     def alphas(self, rows: list[tuple]) -> list[tuple[float, int]]:
         """(α, drafts it may keep) per row of (match length, proposal length[, kind])."""
@@ -229,7 +232,9 @@ class AutoGamma:
         the wide passes left that cost to T(1), where no choice of γ saw it, and drafts that saved a
         little less than they cost were still made. So a wide pass is observed with the step after it
         (that step then moves T(1) only down: the rest of it is the wide pass's)."""
-        depth = self._depth(depth)
+        depth = self.depth if depth is None else depth
+        if self._wide is None and (k == 1 or batch > 1):  # most iterations: nothing held back
+            return self.cost.observe_target(k, seconds, batch, lengths, depth)
         wide, self._wide = self._wide, None
         if wide is not None:
             wide_k, wide_s, wide_depth = wide

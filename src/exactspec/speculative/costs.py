@@ -99,6 +99,23 @@ def _as_priced(curve: list[float], extra_at: list[float], start: int, stop: int)
             for k, t in enumerate(curve[start:stop], start)]
 
 
+def _step(seen: list[int], k: int, ratio: float, share: float) -> float:
+    """How far one observation moves T(k) (relatively) at a measured depth given `share` of it (its
+    observed / predicted `ratio` clipped): a running mean over a width's first timings in this process,
+    then TARGET_WEIGHT, so that a table measured on a busy machine is replaced within a few iterations.
+    Counts the observation in seen[k - 1] where it has most of the share."""
+    step = max(TARGET_WEIGHT, 1.0 / (seen[k - 1] + 1)) * share * (ratio - 1.0)
+    seen[k - 1] += share >= 0.5
+    return step
+
+
+def _shift(curve: list[float], seen: list[int], ratio: float, share: float) -> None:
+    """A one-token step observed at `ratio` x T(1): T(1) moves, and every width by as much (what every
+    pass pays once: reading the weights), in place (the list is shared)."""
+    shift = curve[0] * _step(seen, 1, ratio, share)
+    curve[:] = [t + shift for t in curve]
+
+
 def passes(lengths: list[int]) -> list[tuple[int, int]]:
     """The passes over the model of one unpadded iteration whose row b scores lengths[b] tokens, as
     (rows, tokens per row): llama.cpp's split of a batch over one KV stream per row (llama_batch_allocr::
@@ -153,9 +170,9 @@ class CostModel:
     def _span(self, depth: int | None) -> tuple[int, float]:
         """-> (i, w): T(k) at `depth` is (1 - w) · curve i + w · curve i+1 (w = 0: curve i alone; w > 1:
         extrapolated past the deepest)."""
-        depths = [self.depth.base, *self.depth.depths]
-        if depth is None or len(depths) == 1 or depth <= depths[0]:
+        if depth is None or depth <= self.depth.base or not self.depth.depths:
             return 0, 0.0
+        depths = [self.depth.base, *self.depth.depths]
         i = next((j for j in range(len(depths) - 1) if depth <= depths[j + 1]), len(depths) - 2)
         return i, (depth - depths[i]) / (depths[i + 1] - depths[i])
 
@@ -229,6 +246,13 @@ class CostModel:
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
         self.version += 1
+        if k == 1 and batch == 1 and (depth is None or depth <= self.depth.base or not self.depth.depths):
+            # a one-token step at the base depth, the most common iteration: `_shift` on target_s, inline
+            curve, seen = self.target_s, self.target_observations
+            shift = curve[0] * (max(TARGET_WEIGHT, 1.0 / (seen[0] + 1)) * (min(max(seconds / curve[0], 0.5), 2.0) - 1.0))
+            seen[0] += 1
+            curve[:] = [t + shift for t in curve]
+            return
         if batch > 1 and self.ragged:
             return self._observe_ragged(lengths or [k] * batch, seconds)
         if batch > 1:
@@ -246,14 +270,10 @@ class CostModel:
             if share <= 0.0:
                 continue
             _, curve, seen, extra_at = curves[j]
-            # a running mean over a width's first timings in this process, then TARGET_WEIGHT: a table
-            # measured on a busy machine is replaced within a few iterations
-            step = max(TARGET_WEIGHT, 1.0 / (seen[k - 1] + 1)) * share * (ratio - 1.0)
-            seen[k - 1] += share >= 0.5
-            if k == 1:  # every width pays the same step more or less (in place: the list is shared)
-                shift = curve[0] * step
-                curve[:] = [t + shift for t in curve]
+            if k == 1:
+                _shift(curve, seen, ratio, share)
                 continue
+            step = _step(seen, k, ratio, share)
             one, extra = curve[0], _as_priced(curve, extra_at, k - 1, k)[0] - curve[0]
             for n in range(max(2, k - NEAR), min(len(curve), k + NEAR) + 1):  # widths near k, half as far a token
                 if n != k:  # their extras as stored, so that one still priced from the table's T(1) is scaled once

@@ -11,7 +11,7 @@ special case in the loop. `batched` says which kind an adapter is (batching.py d
 requests one after another); models/fast_llama.py and a llama.cpp context of several rows are batched.
 
 Optional capabilities are named protocols below: an adapter's (`ArgmaxSteps`, `RowContexts`,
-`SavedCache`, `PrefixSnapshots`, `PersistentPrefix`, `ReusablePrefix`) and a drafter's (`Copies`, `Lookups`, `Finishing`),
+`SavedCache`, `PrefixSnapshots`, `PersistentPrefix`, `ReusablePrefix`) and a drafter's (`Copies`, `Lookups`, `ReadsPrompt`, `Finishing`),
 each checked by `isinstance` where a decoder, an engine or a proposal takes the object in, never probed
 by an attribute's name: a new backend's (or drafter's) author implements `CausalLM` (`Drafter`) and
 whichever of them it can, and the loop's paths say which they need.
@@ -277,6 +277,15 @@ class Lookups(Copies, Protocol):
 
     @property
     def sources(self) -> tuple[str, ...]:
+        ...
+
+
+@runtime_checkable
+class ReadsPrompt(Protocol):
+    """A drafter that reads the prompt before decoding begins (the suffix drafter indexes it), so that its
+    first proposal, right after the prefill, does not: the request's set-up, run before the prefill."""
+
+    def read_prompt(self, prompt: list[int]) -> None:
         ...
 
 

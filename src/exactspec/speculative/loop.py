@@ -12,6 +12,9 @@ Each iteration is four steps (`BatchDecoder.step`):
     commit   each row, once: drafter and auto-γ feedback, EOS / max_new_tokens, law, stats, context; then
              every row's cache is rolled back to its accepted prefix
 
+A row's set-up (`propose.prepare`: its drafter reads the prompt, auto γ prices its first lookup) runs when
+it joins, before its prompt is prefilled.
+
 Invariant: a row's cache holds its context[:-1]. Rows advance by different amounts: the target's cache
 keeps a length per row (models/fast_llama.py; one-row adapters: models/base.OneRow), pad positions are
 written beyond a row's length, so no real query ever attends to them. Rows that finish leave the batch
@@ -45,7 +48,7 @@ from ..stats import Stats, total
 from .accept import Scored, acceptance
 from .interfaces import ArgmaxSteps, CausalLM, Drafter, Finishing, GammaPolicy, RowContexts
 from .law import TargetLaw
-from .propose import propose
+from .propose import prepare, propose
 from .rows import Draft, Row
 from .sampling import SamplingParams
 from .verify import verify
@@ -96,6 +99,8 @@ class BatchDecoder:
             raise ExactSpecError("the batch is running: add rows instead")
         if cache_of(self.target) is not None or self.prefill_chunk is not None:
             return self.add(rows)
+        for row in rows:
+            prepare(row)
         t0 = time.perf_counter()
         _prefill(self.target, [r.prompt for r in rows])
         for row in rows:
@@ -108,6 +113,8 @@ class BatchDecoder:
         prefill they join the queue of `joining` requests instead, and each iteration prefills up to
         `prefill_chunk` of their prompt tokens before it decodes; with no row decoding, all at once here."""
         self._check(rows)
+        for row in rows:
+            prepare(row)
         if self.prefill_chunk is not None:
             if not self.rows and not self.joining:
                 self.target.reset(0)

@@ -6,22 +6,25 @@ import time
 
 import torch
 
-from .acceptance import sampling_mode
-from .interfaces import Drafter, GammaPolicy, Proposal
+from .interfaces import Drafter, Proposal, ReadsPrompt
 from .law import TargetLaw
 from .rows import Draft, Row
 from .sampling import SamplingParams
 
 
-def copying(drafter: Drafter | None, gamma: int | GammaPolicy) -> bool:
-    """Auto γ cuts the proposals after drafting: a copying drafter under a policy."""
-    return not isinstance(gamma, int) and drafter is not None and drafter.copies
-
-
-def budget(drafter: Drafter | None, gamma: int | GammaPolicy, rows: int = 1) -> int:
-    """How many drafts the drafter may propose this iteration: a fixed γ, or the policy's budget for a
-    batch of `rows` (`GammaPolicy.budget`)."""
-    return gamma if isinstance(gamma, int) else gamma.budget(rows, copying(drafter, gamma))
+def prepare(row: Row) -> None:
+    """A row's set-up, before its prompt is prefilled: its drafter reads the prompt (`ReadsPrompt`), and auto
+    γ prices its first lookup at the prompt's depth. The first iteration then runs right after the prefill
+    without them, when the prefill has left the CPU's caches cold for Python (its work runs ~3x slower
+    there: docs/drafters.md). A failure here is the row's alone (`row.error`), as in `propose`."""
+    try:
+        if isinstance(row.drafter, ReadsPrompt):
+            row.drafter.read_prompt(row.prompt)
+        if row.own_copies:
+            row.gamma.depth = len(row.prompt)
+            row.drafter.shortest = row.gamma.shortest_paying((("context", row.mode),), row.drafter.max_match)
+    except Exception as e:
+        row.error = e
 
 
 def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
@@ -70,59 +73,51 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
         fixed = isinstance(row.gamma, int)
         if not fixed:  # auto prices this iteration (and learns from its timing) at the row's context depth
             row.gamma.depth = len(row.context)
-        if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None):
+        if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None) or row.error is not None:
             proposals.append((None, 0, 0.0, None))
             continue
-        bounded = own_copies(row)
+        bounded = row.own_copies
         if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup():
             proposals.append((None, 0, 0.0, None))
             continue
-        if batched_copies(rows, row) and row.law is None:  # the batch's copies may sit this iteration out
+        # a copying row in a batch on a ragged target: priced by `ragged_widths`, and resting with its
+        # policy while the batch's copies keep being cut to nothing (`GammaPolicy.resting`)
+        if len(rows) > 1 and row.copying and row.gamma.ragged and row.law is None:
             if id(row.gamma) not in resting:
                 resting[id(row.gamma)] = (row.gamma, row.gamma.resting())
             if resting[id(row.gamma)][1]:
                 proposals.append((None, 0, 0.0, None))
                 continue
         t = time.perf_counter()
-        key = (id(row.gamma), copying(row.drafter, row.gamma))  # auto is asked once per policy
-        if key not in wants:
-            wants[key] = budget(row.drafter, row.gamma, len(rows))
+        key = (id(row.gamma), row.copying)  # auto is asked once per policy
+        if key not in wants:  # a fixed γ, or the policy's budget for the batch (`GammaPolicy.budget`)
+            wants[key] = row.gamma if fixed else row.gamma.budget(len(rows), row.copying)
         try:
             if bounded:
-                row.drafter.shortest = row.gamma.shortest_paying([("context", sampling_mode(row.params))], row.drafter.max_match)
+                row.drafter.shortest = row.gamma.shortest_paying((("context", row.mode),), row.drafter.max_match)
             proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
-            proposal = before_eos(proposal, forced, eos)
+            if proposal is not None:
+                proposal = before_eos(proposal, forced, eos)
             if bounded:
                 next_lookup(row, proposal)
         except Exception as e:  # a drafter's or a grammar's failure: this row alone fails (no drafts)
             row.error, proposal, forced = e, None, 0
-        proposals.append((proposal, forced, time.perf_counter() - t, kind(row)))
+        proposals.append((proposal, forced, time.perf_counter() - t, kind(row) if proposal is not None else None))
+    if not resting and all(p[0] is None for p in proposals):  # nothing drafted (most iterations): no pricing
+        return [Draft([], None, 0, 0, seconds) for _, _, seconds, _ in proposals]
     widths = _copy_widths(rows, proposals, until_last)
     for policy, rested in resting.values():  # a batch that looked this iteration: did any copy pay?
         if not rested:
             policy.batch_drafted(any(widths.get(j, 0) for j, row in enumerate(rows) if row.gamma is policy))
     drafts = []
     for j, (row, (proposal, forced, seconds, copy_kind)) in enumerate(zip(rows, proposals)):
-        keep = forced + widths[j] if proposal is not None and copying(row.drafter, row.gamma) else None
+        keep = forced + widths[j] if proposal is not None and row.copying else None
         if proposal is None or len(proposal) == 0 or keep == 0:
             drafts.append(Draft([], None, 0, 0, seconds))
         else:  # cut as a list, not by torch calls (Proposal.tokens)
             probs = proposal.probs if keep is None or proposal.probs is None else proposal.probs[:keep]
             drafts.append(Draft(proposal.tokens()[:keep], probs, forced, proposal.match, seconds, copy_kind))
     return drafts
-
-
-def batched_copies(rows: list[Row], row: Row) -> bool:
-    """A copying row under auto in a batch on a ragged target: priced by `ragged_widths`, and resting
-    with its policy while the batch's copies keep being cut to nothing (`GammaPolicy.resting`)."""
-    return len(rows) > 1 and copying(row.drafter, row.gamma) and row.gamma.ragged
-
-
-def own_copies(row: Row) -> bool:
-    """A row under auto γ whose drafter copies from the row's own context alone (prompt lookup), with no
-    law: its lookups can be spaced out (`next_lookup`)."""
-    return (row.law is None and not isinstance(row.gamma, int)
-            and row.lookups is not None and row.lookups.sources == ("context",))
 
 
 def next_lookup(row: Row, proposal: Proposal | None) -> None:
@@ -144,7 +139,7 @@ def kind(row: Row) -> tuple | None:
     samples (acceptance.Acceptance)."""
     if row.copier is None or not row.copier.copies:
         return None
-    return (row.copier.source or "context", sampling_mode(row.params))
+    return (row.copier.source or "context", row.mode)
 
 
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]],
@@ -155,7 +150,7 @@ def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, fl
     priced, whichever request it belongs to)."""
     found = {}  # row index -> (its policy, (match, drafts available, kind))
     for j, (row, (proposal, forced, _, copy_kind)) in enumerate(zip(rows, proposals)):
-        if copying(row.drafter, row.gamma):
+        if row.copying:
             found[j] = (row.gamma, (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None
                         else (None, 0, None))
     if not any(given[1] for _, given in found.values()):  # nothing to cut (no row found a copy): not priced

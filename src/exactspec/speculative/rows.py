@@ -9,6 +9,7 @@ import torch
 
 from ..stats import Stats
 from .interfaces import Copies, Drafter, GammaPolicy, Lookups
+from .acceptance import sampling_mode
 from .law import TargetLaw
 from .sampling import SamplingParams, Uniforms
 
@@ -40,11 +41,20 @@ class Row:
     # runtime protocol costs ~10 us: too much for every row of every iteration); None: it is not one
     copier: Copies | None = field(init=False)
     lookups: Lookups | None = field(init=False)
+    # what propose.py asks of the row every iteration, fixed for its life (drafter, γ, law and params are)
+    copying: bool = field(init=False)  # auto γ cuts its proposals after drafting: a copying drafter under a policy
+    own_copies: bool = field(init=False)  # ... copying from its own context alone, with no law (`next_lookup`)
+    mode: str = field(init=False)  # "greedy" or "sampled" (acceptance.sampling_mode)
 
     def __post_init__(self) -> None:
         self.context = list(self.prompt)
         self.copier = self.drafter if isinstance(self.drafter, Copies) else None
         self.lookups = self.drafter if isinstance(self.drafter, Lookups) else None
+        auto = not isinstance(self.gamma, int)
+        self.copying = auto and self.drafter is not None and self.drafter.copies
+        self.own_copies = (auto and self.law is None and self.lookups is not None
+                           and self.lookups.sources == ("context",))
+        self.mode = sampling_mode(self.params)
         self.uniforms = Uniforms(self.generator)
         self.stats.lenience = min(self.stats.lenience, self.params.lenience)
         self._decode_base = self.stats.decode_s  # a Stats carried over from earlier generations keeps its time
