@@ -215,13 +215,13 @@ def warm_up_compare(engine: Engine, prompt: str, grammar: object | None) -> list
     return gammas
 
 
-COMPARE_ROUNDS = (3, 15)  # runs of each side in --compare, alternated (A B B A A B ...): each side warmed alike
+COMPARE_ROUNDS = (3, 45)  # runs of each side in --compare, alternated (A B B A A B ...): each side warmed alike
 COMPARE_S = 2.0  # ... as many as fit in about this many seconds of decoding (a short answer's run is noise)
 
 
 def compare(run, gamma, results, stats, greedy: bool) -> dict:
     """`--compare`: the speculative run already made (`results`, `stats`), then plain and speculative
-    runs alternated, A B B A A B ..., 3 to 15 of each (as many as fit in COMPARE_S seconds); the
+    runs alternated, A B B A A B ..., 3 to 45 of each (as many as fit in COMPARE_S seconds); the
     speed-up is the median of the rounds' ratios (a short answer's one run is at the mercy of a
     millisecond). `identical`: every plain and speculative output equal (greedy: must be)."""
     spec, plain, outputs = [stats], [], [[r.token_ids for r in results]]
