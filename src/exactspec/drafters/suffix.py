@@ -289,7 +289,11 @@ class SuffixDrafter:
                 self._stored = len(context)
 
     def seen_tail(self, context: list[int], below: int) -> int:
-        """`Lookups.seen_tail`: the longest over the drafter's sources."""
+        """`Lookups.seen_tail`: the longest over the drafter's sources. While the answer is aligned with the
+        prompt it copies (`rewrites`), a copy may resume past a rewrite with no n-gram match at all: then
+        the longest below `below` (the next step looks up)."""
+        if self.rewrites is not None and self.rewrites.aligned is not None:
+            return below - 1
         seen = self.index.seen_tail(context, below) if self.index is not None else 0
         if self.store is not None:
             with self.store.lock:
