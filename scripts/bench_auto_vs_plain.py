@@ -26,6 +26,7 @@ import time
 
 import exactspec
 from exactspec.batching import Job, run_jobs
+from exactspec.cli import warm_up_compare
 from exactspec.bench.workloads import load_workload
 
 
@@ -75,8 +76,7 @@ def one_prompt(prompt: str, max_new_tokens: int, rounds: int) -> None:
     def decode_s(gamma: int | str) -> float:
         return engine.generate_batch(prompt, n=1, gamma=gamma, max_new_tokens=max_new_tokens, temperature=0)[1].decode_s
 
-    for gamma in (0, "auto"):  # warm-up, as --compare's
-        engine.generate(prompt, max_new_tokens=4, gamma=gamma, temperature=0)
+    warm_up_compare(engine, prompt, None)  # as --compare warms up: T(k), then four tokens with each γ
     plain, diffs = [], []
     for i in range(rounds):
         seconds = {gamma: decode_s(gamma) for gamma in ((0, "auto") if i % 2 == 0 else ("auto", 0))}

@@ -232,9 +232,7 @@ class AutoGamma:
         the wide passes left that cost to T(1), where no choice of γ saw it, and drafts that saved a
         little less than they cost were still made. So a wide pass is observed with the step after it
         (that step then moves T(1) only down: the rest of it is the wide pass's)."""
-        depth = self.depth if depth is None else depth
-        if self._wide is None and (k == 1 or batch > 1):  # most iterations: nothing held back
-            return self.cost.observe_target(k, seconds, batch, lengths, depth)
+        depth = self._depth(depth)
         wide, self._wide = self._wide, None
         if wide is not None:
             wide_k, wide_s, wide_depth = wide

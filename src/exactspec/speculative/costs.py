@@ -167,10 +167,14 @@ class CostModel:
         return [(d.base, self.target_s, self.target_observations, self.extra_at),
                 *zip(d.depths, d.seconds, d.observations, d.extra_at)]
 
+    def _at_base(self, depth: int | None) -> bool:
+        """Whether T(k) at `depth` is the base curve's (`target_s`) alone."""
+        return depth is None or depth <= self.depth.base or not self.depth.depths
+
     def _span(self, depth: int | None) -> tuple[int, float]:
         """-> (i, w): T(k) at `depth` is (1 - w) · curve i + w · curve i+1 (w = 0: curve i alone; w > 1:
         extrapolated past the deepest)."""
-        if depth is None or depth <= self.depth.base or not self.depth.depths:
+        if self._at_base(depth):
             return 0, 0.0
         depths = [self.depth.base, *self.depth.depths]
         i = next((j for j in range(len(depths) - 1) if depth <= depths[j + 1]), len(depths) - 2)
@@ -246,13 +250,8 @@ class CostModel:
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
         self.version += 1
-        if k == 1 and batch == 1 and (depth is None or depth <= self.depth.base or not self.depth.depths):
-            # a one-token step at the base depth, the most common iteration: `_shift` on target_s, inline
-            curve, seen = self.target_s, self.target_observations
-            shift = curve[0] * (max(TARGET_WEIGHT, 1.0 / (seen[0] + 1)) * (min(max(seconds / curve[0], 0.5), 2.0) - 1.0))
-            seen[0] += 1
-            curve[:] = [t + shift for t in curve]
-            return
+        if k == 1 and batch == 1 and self._at_base(depth):  # the most common iteration: target_s alone moves
+            return _shift(self.target_s, self.target_observations, min(max(seconds / self.target_s[0], 0.5), 2.0), 1.0)
         if batch > 1 and self.ragged:
             return self._observe_ragged(lengths or [k] * batch, seconds)
         if batch > 1:

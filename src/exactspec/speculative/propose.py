@@ -22,9 +22,15 @@ def prepare(row: Row) -> None:
             row.drafter.read_prompt(row.prompt)
         if row.own_copies:
             row.gamma.depth = len(row.prompt)
-            row.drafter.shortest = row.gamma.shortest_paying((("context", row.mode),), row.drafter.max_match)
+            price_lookup(row)
     except Exception as e:
         row.error = e
+
+
+def price_lookup(row: Row) -> None:
+    """Tell a context-only copier's lookup the shortest match auto γ predicts to pay (`shortest_paying`,
+    recalled between pricings): shorter ones are not looked for."""
+    row.drafter.shortest = row.gamma.shortest_paying((("context", row.mode),), row.drafter.max_match)
 
 
 def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
@@ -94,7 +100,7 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
             wants[key] = row.gamma if fixed else row.gamma.budget(len(rows), row.copying)
         try:
             if bounded:
-                row.drafter.shortest = row.gamma.shortest_paying((("context", row.mode),), row.drafter.max_match)
+                price_lookup(row)
             proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
             if proposal is not None:
                 proposal = before_eos(proposal, forced, eos)

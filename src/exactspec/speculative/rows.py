@@ -8,8 +8,8 @@ from typing import NamedTuple
 import torch
 
 from ..stats import Stats
-from .interfaces import Copies, Drafter, GammaPolicy, Lookups
 from .acceptance import sampling_mode
+from .interfaces import Copies, Drafter, GammaPolicy, Lookups
 from .law import TargetLaw
 from .sampling import SamplingParams, Uniforms
 
