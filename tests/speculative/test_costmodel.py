@@ -600,6 +600,29 @@ def test_after_a_new_token_the_lookup_that_cannot_find_a_match_is_skipped():
     assert sum(is_new for is_new, _ in after) >= 20 and sum(not is_new for is_new, _ in after) >= 6
 
 
+def test_an_outcome_since_a_lookup_was_spaced_out_makes_the_next_step_look_up():
+    """next_lookup's bound holds for the shortest paying match it was given. An outcome observed since (the
+    row's own, or a sibling's on the shared policy) may lower that length, so the next step looks up."""
+    from exactspec.drafters.suffix import PromptLookupDrafter
+    from exactspec.speculative.propose import propose
+    from exactspec.speculative.rows import Row
+    from exactspec.speculative.sampling import SamplingParams
+
+    auto = AutoGamma(CostModel([1.0 + 0.48 * k for k in range(33)], copies=True, frozen=True), first_probe=10**6)
+    row = Row(0, [100, 101], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
+    looked = []
+    for token, outcome in ((102, False), (103, False), (104, True), (105, False)):
+        propose([row], 10**6)
+        looked.append(row.drafter.index.length(row.drafter._doc) == len(row.context))
+        if outcome:  # a sibling's copy was verified: the policy repriced
+            auto.observe(1, 1, match=2, kind=("context", "greedy"))
+        row.context.append(token)
+    propose([row], 10**6)
+    looked.append(row.drafter.index.length(row.drafter._doc) == len(row.context))
+    # every token is new: a lookup spaces the next one out by 2, except right after the outcome
+    assert looked == [True, False, True, True, False]
+
+
 def test_a_wide_pass_pays_for_the_slower_step_after_it():
     """llama.cpp rebuilds its graph when the pass shape changes, so the one-token step after a wide pass
     takes longer than the steps between steps. That cost is the wide pass's: T(1) stays what steps after

@@ -326,8 +326,11 @@ class GammaPolicy(Protocol):
         """Drafts to propose this iteration in a batch of `rows` (a copying drafter: all it may use, cut
         afterwards by `choose`)."""
 
-    def skip_lookup(self) -> bool:
-        """Whether a context-only copier's lookup, not yet able to pay, is skipped now (False: a probe is due)."""
+    outcomes: int  # proposals observed so far (`skip_lookup`)
+
+    def skip_lookup(self, outcomes: int) -> bool:
+        """Whether a context-only copier's lookup, not yet able to pay when `outcomes` proposals had been
+        observed, is skipped now (False: a probe is due, or an outcome since may have repriced it)."""
 
     def shortest_paying(self, kinds: list[object], longest: int = 3) -> int:
         """The shortest match length worth a lookup."""

@@ -83,7 +83,7 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
             proposals.append((None, 0, 0.0, None))
             continue
         bounded = row.own_copies
-        if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup():
+        if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup(row.lookup_outcomes):
             proposals.append((None, 0, 0.0, None))
             continue
         # a copying row in a batch on a ragged target: priced by `ragged_widths`, and resting with its
@@ -135,13 +135,14 @@ def next_lookup(row: Row, proposal: Proposal | None) -> None:
     occurred before (`Lookups.seen_tail`; 0 where the last token is new, as it is on about half of
     chat's steps). Where only long matches pay, or the answer's words are new, steps then skip the lookup
     and its pricing. Drafts never change what is emitted, only how fast: a match the bound misses (an
-    occurrence beyond the index's CHAIN walked) costs speed."""
+    occurrence beyond the index's CHAIN walked) costs speed. The bound holds while `shortest` does: an
+    outcome observed since (this row's or a sibling's) may lower it, and the next step then looks up."""
     shortest = row.drafter.shortest
     if proposal is not None and proposal.match:
         found = proposal.match
     else:
         found = row.lookups.seen_tail(row.context, min(shortest, row.drafter.orders[0]))
-    row.lookup_at = len(row.context) + max(1, shortest - found)
+    row.lookup_at, row.lookup_outcomes = len(row.context) + max(1, shortest - found), row.gamma.outcomes
 
 
 def kind(row: Row) -> tuple | None:
