@@ -544,10 +544,10 @@ def test_measured_costs_charge_a_change_of_shape(tiny_target):
         assert large[k - 1] - plain[k - 1] == pytest.approx(0.05 + CHANGE_CAP * large[0], abs=0.008)
 
 
-def replay_lookups(extra_per_token: float, text: list[int], pays_from: int) -> tuple[list[bool], list[bool], list[bool]]:
+def replay_lookups(extra_per_token: float, text: list[int], pays_from: int) -> tuple[list[bool], list[bool]]:
     """A prompt-lookup row under auto γ (T(k) = 1 + extra_per_token·(k-1), frozen, no probes) fed `text`
     token by token -> per step: whether it looked up, whether a full lookup finds a match of `pays_from`+
-    tokens (checked: the shortest auto γ prices as paying), whether the context's last token is new."""
+    tokens (checked: the shortest auto γ prices as paying)."""
     from exactspec.drafters.suffix import PromptLookupDrafter, SuffixIndex
     from exactspec.speculative.propose import propose
     from exactspec.speculative.rows import Row
@@ -556,7 +556,7 @@ def replay_lookups(extra_per_token: float, text: list[int], pays_from: int) -> t
     auto = AutoGamma(CostModel([1.0 + extra_per_token * k for k in range(33)], copies=True, frozen=True),
                      first_probe=10**6)
     row = Row(0, text[:2], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
-    looked, paying, new = [], [], []
+    looked, paying = [], []
     for token in text[2:]:
         propose([row], 10**6)
         drafter = row.drafter
@@ -565,10 +565,9 @@ def replay_lookups(extra_per_token: float, text: list[int], pays_from: int) -> t
         reference.extend(reference.new_doc(), row.context)
         match = reference.find(row.context)
         paying.append(match is not None and match.length >= pays_from)
-        new.append(row.context[-1] not in row.context[:-1])
         row.context.append(token)
     assert auto.shortest_paying([("context", "greedy")], drafter.max_match) == pays_from
-    return looked, paying, new
+    return looked, paying
 
 
 def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
@@ -578,49 +577,9 @@ def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
     paying match did look up, and the steps before the copy skipped most lookups."""
     passage = list(range(100, 140))
     text = list(range(200, 230)) + passage[:25] + list(range(300, 340)) + passage  # the passage, then its copy
-    looked, paying, _ = replay_lookups(0.65, text, 5)  # matches of 5+ pay
+    looked, paying = replay_lookups(0.65, text, 5)  # matches of 5+ pay
     assert sum(paying) >= 20 and all(look for look, pays in zip(looked, paying) if pays)
     assert sum(looked) < len(looked) // 2  # before the copy: one lookup in 3 or fewer
-
-
-def test_after_a_new_token_the_lookup_that_cannot_find_a_match_is_skipped():
-    """propose.next_lookup where a lookup finds nothing: the tail's match is the longest n-gram, of the
-    orders not looked up, that occurred before (`Lookups.seen_tail`), 0 after a token never seen. Where
-    matches of 2 pay, the lookup right after a new token is skipped (none can be found there), and a seen
-    token is looked up after. Replayed over new words, then words seen before, then a copy: every step
-    whose full lookup finds a paying match did look up."""
-    passage = list(range(100, 120))
-    seen_again = [100, 205, 110, 215, 101, 230, 111, 201]  # each seen before, no pair of them
-    text = passage + list(range(200, 240)) + seen_again + passage
-    looked, paying, new = replay_lookups(0.48, text, 2)  # matches of 2+ pay, of 1 not
-    assert sum(paying) >= 15 and all(look for look, pays in zip(looked, paying) if pays)
-    after = [(is_new, looked[i + 1]) for i, is_new in enumerate(new[:-1]) if looked[i] and not paying[i]]
-    assert all(not next_looked for is_new, next_looked in after if is_new)  # after a new token: skipped
-    assert all(next_looked for is_new, next_looked in after if not is_new)  # after one seen: looked up
-    assert sum(is_new for is_new, _ in after) >= 20 and sum(not is_new for is_new, _ in after) >= 6
-
-
-def test_an_outcome_since_a_lookup_was_spaced_out_makes_the_next_step_look_up():
-    """next_lookup's bound holds for the shortest paying match it was given. An outcome observed since (the
-    row's own, or a sibling's on the shared policy) may lower that length, so the next step looks up."""
-    from exactspec.drafters.suffix import PromptLookupDrafter
-    from exactspec.speculative.propose import propose
-    from exactspec.speculative.rows import Row
-    from exactspec.speculative.sampling import SamplingParams
-
-    auto = AutoGamma(CostModel([1.0 + 0.48 * k for k in range(33)], copies=True, frozen=True), first_probe=10**6)
-    row = Row(0, [100, 101], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
-    looked = []
-    for token, outcome in ((102, False), (103, False), (104, True), (105, False)):
-        propose([row], 10**6)
-        looked.append(row.drafter.index.length(row.drafter._doc) == len(row.context))
-        if outcome:  # a sibling's copy was verified: the policy repriced
-            auto.observe(1, 1, match=2, kind=("context", "greedy"))
-        row.context.append(token)
-    propose([row], 10**6)
-    looked.append(row.drafter.index.length(row.drafter._doc) == len(row.context))
-    # every token is new: a lookup spaces the next one out by 2, except right after the outcome
-    assert looked == [True, False, True, True, False]
 
 
 def test_a_wide_pass_pays_for_the_slower_step_after_it():

@@ -77,7 +77,6 @@ class AutoGamma:
         self.depth: int | None = None  # the context depth of the row being priced (set by propose.py)
         self._prices: tuple | None = None  # (key, step costs, their floors): `_step_costs`
         self._priced: dict[tuple, tuple[int, int]] = {}  # `_recall`: (an answer, calls it still serves)
-        self.outcomes = 0  # proposals observed (each may reprice: `skip_lookup`)
         self._wide: tuple[int, float, int | None] | None = None  # a one-row wide pass: observed with the next step
 
     @property
@@ -89,11 +88,10 @@ class AutoGamma:
         (cut afterwards by `choose`, once the match length is known), a model drafter `next_gamma`."""
         return self.max_gamma if copying else self.next_gamma(rows)
 
-    def skip_lookup(self, outcomes: int) -> bool:
-        """A context-only copier's lookup that no match can make pay yet (`propose.next_lookup`, spaced when
-        `outcomes` proposals had been observed) is skipped, and counts towards the next probe; not while
-        a probe is due, nor after an outcome since (it may have lowered the shortest paying match)."""
-        if self.probes.due or outcomes != self.outcomes:
+    def skip_lookup(self) -> bool:
+        """A context-only copier's lookup that no match can make pay yet (`propose.next_lookup`) is
+        skipped, and counts towards the next probe; not while a probe is due."""
+        if self.probes.due:
             return False
         self.probes.skipped()
         return True
@@ -253,7 +251,6 @@ class AutoGamma:
         the drafter's measured cost, which a one-off measurement on a busy machine can get badly wrong."""
         if proposed:
             self._priced.clear()
-            self.outcomes += 1
             self.acceptance.of(kind).observe(proposed, accepted, match)
             if draft_s is not None:
                 self.cost.observe_draft(draft_s / proposed, draft_s)

@@ -269,7 +269,7 @@ class Copies(Protocol):
 class Lookups(Copies, Protocol):
     """A copying drafter that looks matches up (prompt lookup, suffix): where it may copy from, and the
     shortest match worth a lookup (`shortest`, set by auto γ: a shorter one cannot pay), its n-gram
-    `orders` and longest match, and how long a match shorter than a lookup looks for is (`seen_tail`)."""
+    `orders` and longest match."""
 
     shortest: int
     max_match: int
@@ -277,11 +277,6 @@ class Lookups(Copies, Protocol):
 
     @property
     def sources(self) -> tuple[str, ...]:
-        ...
-
-    def seen_tail(self, context: list[int], below: int) -> int:
-        """The longest trailing n-gram of `context`, of an order below `below`, that occurred earlier in its
-        sources (0: none, the last token is new): how long its match is, where a lookup found none."""
         ...
 
 
@@ -326,11 +321,8 @@ class GammaPolicy(Protocol):
         """Drafts to propose this iteration in a batch of `rows` (a copying drafter: all it may use, cut
         afterwards by `choose`)."""
 
-    outcomes: int  # proposals observed so far (`skip_lookup`)
-
-    def skip_lookup(self, outcomes: int) -> bool:
-        """Whether a context-only copier's lookup, not yet able to pay when `outcomes` proposals had been
-        observed, is skipped now (False: a probe is due, or an outcome since may have repriced it)."""
+    def skip_lookup(self) -> bool:
+        """Whether a context-only copier's lookup, not yet able to pay, is skipped now (False: a probe is due)."""
 
     def shortest_paying(self, kinds: list[object], longest: int = 3) -> int:
         """The shortest match length worth a lookup."""

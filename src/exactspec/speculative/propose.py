@@ -83,7 +83,7 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
             proposals.append((None, 0, 0.0, None))
             continue
         bounded = row.own_copies
-        if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup(row.lookup_outcomes):
+        if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup():
             proposals.append((None, 0, 0.0, None))
             continue
         # a copying row in a batch on a ragged target: priced by `ragged_widths`, and resting with its
@@ -130,19 +130,13 @@ def next_lookup(row: Row, proposal: Proposal | None) -> None:
     """When the row of a context-only copier under auto γ looks up again: once its context is long enough
     that a match could have grown to the shortest length auto γ predicts to pay (`row.drafter.shortest`,
     set before the lookup). A match grows by at most one token per token the context gains (the same
-    earlier occurrence, one token further on), so from a match of m tokens no copy can pay for `shortest`
-    - m more tokens. None found: m is the longest trailing n-gram, of the orders not looked up, that
-    occurred before (`Lookups.seen_tail`; 0 where the last token is new, as it is on about half of
-    chat's steps). Where only long matches pay, or the answer's words are new, steps then skip the lookup
-    and its pricing. Drafts never change what is emitted, only how fast: a match the bound misses (an
-    occurrence beyond the index's CHAIN walked) costs speed. The bound holds while `shortest` does: an
-    outcome observed since (this row's or a sibling's) may lower it, and the next step then looks up."""
+    earlier occurrence, one token further on), so from a match of m tokens (none found: shorter than the
+    orders looked up) no copy can pay for `shortest` - m more tokens. Where only long matches pay, steps
+    then skip the lookup and its pricing. Drafts never change what is emitted, only how fast: a match
+    the bound misses (an occurrence beyond the index's CHAIN walked) costs speed."""
     shortest = row.drafter.shortest
-    if proposal is not None and proposal.match:
-        found = proposal.match
-    else:
-        found = row.lookups.seen_tail(row.context, min(shortest, row.drafter.orders[0]))
-    row.lookup_at, row.lookup_outcomes = len(row.context) + max(1, shortest - found), row.gamma.outcomes
+    found = proposal.match if proposal is not None and proposal.match else min(shortest, row.drafter.orders[0]) - 1
+    row.lookup_at = len(row.context) + max(1, shortest - found)
 
 
 def kind(row: Row) -> tuple | None:

@@ -35,7 +35,6 @@ class Row:
     produced: int = 0
     started: float = 0.0
     lookup_at: int = 0  # auto γ, a context-only copier: no lookup before the context is this long (next_lookup)
-    lookup_outcomes: int = 0  # ... while its policy has observed this many proposals (an outcome may reprice)
     rule: object = None  # its accept.Rule: how its drafts are accepted, set once when it joins a decoder
     uniforms: Uniforms = field(init=False)  # its random numbers by output position (drawn from `generator`)
     # the drafter as the optional protocols propose.py asks of it, checked once here (an isinstance on a
