@@ -83,6 +83,25 @@ def test_a_lookup_for_longer_matches_finds_what_the_full_lookup_finds_that_long(
     assert {0, 1, 2} <= lengths and max(lengths) >= 5  # every branch was taken
 
 
+def test_seen_tail_is_the_match_length_below_the_orders_looked_up():
+    """`seen_tail(tail, below)`: where a lookup of the orders from `below` on finds nothing, the tail's
+    match is exactly the longest lower order whose n-gram occurred before (the reference scan's length)."""
+    rng = random.Random(3)
+    text = [rng.randrange(30) for _ in range(200)]
+    index = SuffixIndex()
+    doc = index.new_doc()
+    below_seen = set()
+    for end in range(1, len(text)):
+        index.extend(doc, text[end - 1:end])
+        context = text[:end]
+        for below in (2, 3):
+            if index.find(context, below) is None:
+                seen = index.seen_tail(context, below)
+                assert seen == min(scan(context)[1], below - 1) == scan(context)[1], end
+                below_seen.add(seen)
+    assert below_seen == {0, 1, 2}  # every length was met
+
+
 def test_prompt_lookup_proposes_from_its_own_context():
     context = [10, 11, 12, 13, 14, 99, 10, 11, 12]
     proposal = PromptLookupDrafter().propose(context, 4, GREEDY, None)

@@ -582,6 +582,42 @@ def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
     assert sum(looked) < len(looked) // 2  # before the copy: one lookup in 3 or fewer
 
 
+def test_after_a_new_token_the_lookup_that_cannot_find_a_match_is_skipped():
+    """propose.next_lookup where a lookup finds nothing: the tail's match is the longest n-gram, of the
+    orders not looked up, that occurred before (`Lookups.seen_tail`), 0 after a token never seen. Where
+    matches of 2 pay, the lookup right after a new token is skipped (none can be found there), and a seen
+    token is looked up after. Replayed over new words, then words seen before, then a copy: every step
+    whose full lookup finds a paying match did look up."""
+    from exactspec.drafters.suffix import PromptLookupDrafter, SuffixIndex
+    from exactspec.speculative.propose import propose
+    from exactspec.speculative.rows import Row
+    from exactspec.speculative.sampling import SamplingParams
+
+    cost = CostModel([1.0 + 0.48 * k for k in range(33)], copies=True, frozen=True)  # matches of 2+ pay, of 1 not
+    auto = AutoGamma(cost, first_probe=10**6)
+    passage = list(range(100, 120))
+    seen_again = [100, 205, 110, 215, 101, 230, 111, 201]  # each seen before, no pair of them
+    text = passage + list(range(200, 240)) + seen_again + passage
+    row = Row(0, text[:2], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
+    looked, paying, new = [], [], []
+    for token in text[2:]:
+        propose([row], 10**6)
+        drafter = row.drafter
+        looked.append(drafter.index.length(drafter._doc) == len(row.context))  # synced: it looked up
+        reference = SuffixIndex(orders=drafter.orders)
+        reference.extend(reference.new_doc(), row.context)
+        match = reference.find(row.context)
+        paying.append(match is not None and match.length >= 2)
+        new.append(row.context[-1] not in row.context[:-1])
+        row.context.append(token)
+    assert auto.shortest_paying([("context", "greedy")], drafter.max_match) == 2
+    assert sum(paying) >= 15 and all(look for look, pays in zip(looked, paying) if pays)
+    after = [(is_new, looked[i + 1]) for i, is_new in enumerate(new[:-1]) if looked[i] and not paying[i]]
+    assert all(not next_looked for is_new, next_looked in after if is_new)  # after a new token: skipped
+    assert all(next_looked for is_new, next_looked in after if not is_new)  # after one seen: looked up
+    assert sum(is_new for is_new, _ in after) >= 20 and sum(not is_new for is_new, _ in after) >= 6
+
+
 def test_a_wide_pass_pays_for_the_slower_step_after_it():
     """llama.cpp rebuilds its graph when the pass shape changes, so the one-token step after a wide pass
     takes longer than the steps between steps. That cost is the wide pass's: T(1) stays what steps after
@@ -596,3 +632,31 @@ def test_a_wide_pass_pays_for_the_slower_step_after_it():
         auto.observe_step(1, 0.006)  # ...and 2 ms more in the step after it
     assert cost.target_seconds(1) == pytest.approx(0.004, rel=0.01)
     assert cost.target_seconds(4) == pytest.approx(0.012, rel=0.02)
+
+
+def test_a_resting_batch_and_a_rows_spacing_wait_side_by_side():
+    """propose: a batch's rest (`AutoGamma.resting`, after its copies were cut to nothing) counts the
+    iterations while a row's own spacing (`next_lookup`, 2 tokens after a new one where matches of 2+
+    pay) runs, not after it: two rows of new tokens look up every rest + 1 iterations (2, 3, 5, 9, 9),
+    both in the same iterations, and a rest starts only after an iteration that looked."""
+    from exactspec.drafters.suffix import PromptLookupDrafter
+    from exactspec.speculative.auto_gamma import MAX_REST
+    from exactspec.speculative.propose import propose
+    from exactspec.speculative.rows import Row
+    from exactspec.speculative.sampling import SamplingParams
+
+    cost = CostModel([1.0 + 0.48 * k for k in range(33)], copies=True, frozen=True, ragged=True)  # 2+ pay
+    auto = AutoGamma(cost, first_probe=10**6)
+    rows = [Row(j, [1000 * j, 1000 * j + 1], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
+            for j in range(2)]
+    looked = []
+    for step in range(40):
+        propose(rows, 10**6, until_last=True)
+        synced = [row.drafter.index.length(row.drafter._doc) == len(row.context) for row in rows]
+        assert synced[0] == synced[1]
+        looked.append(synced[0])
+        for row in rows:
+            row.context.append(row.context[-1] + 2)  # a token never seen before
+    at = [i for i, look in enumerate(looked) if look]
+    assert auto.shortest_paying([("context", "greedy")], 32) == 2
+    assert [b - a for a, b in zip(at, at[1:])][:5] == [2, 3, 5, 1 + MAX_REST, 1 + MAX_REST]

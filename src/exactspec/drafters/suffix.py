@@ -165,6 +165,14 @@ class SuffixIndex:
                 return best
         return None
 
+    def seen_tail(self, tail: list[int], below: int) -> int:
+        """The longest order n < `below` whose trailing n-gram of `tail` the index holds an earlier
+        occurrence of (0: none). Where the order above it holds none, the tail's match is n tokens long."""
+        for o, n in enumerate(self.orders):
+            if n < below and n <= len(tail) and hash(tuple(tail[-n:])) in self.heads[o]:
+                return n
+        return 0
+
     def _occurrences(self, o: int, gram: list[int], latest: int | None = None) -> Iterator[tuple[int, int, list[int]]]:
         """(doc, end, its tokens) of the earlier occurrences of `gram` (order index o), latest first,
         at most `chain` of them walked; `latest`: the position its hash table holds, if looked up already."""
@@ -279,6 +287,18 @@ class SuffixDrafter:
             if len(context) > self._stored:
                 self.store.extend(self._store_doc, context[self._stored:])
                 self._stored = len(context)
+
+    def seen_tail(self, context: list[int], below: int) -> int:
+        """`Lookups.seen_tail`: the longest over the drafter's sources. While the answer is aligned with the
+        prompt it copies (`rewrites`), a copy may resume past a rewrite with no n-gram match at all: then
+        the longest below `below` (the next step looks up)."""
+        if self.rewrites is not None and self.rewrites.aligned is not None:
+            return below - 1
+        seen = self.index.seen_tail(context, below) if self.index is not None else 0
+        if self.store is not None:
+            with self.store.lock:
+                seen = max(seen, self.store.seen_tail(context, below))
+        return seen
 
     def lookup(self, context: list[int]) -> tuple[SuffixIndex, Match] | None:
         """The best match of the context's tail among the drafter's sources, with the index holding it."""

@@ -269,7 +269,7 @@ class Copies(Protocol):
 class Lookups(Copies, Protocol):
     """A copying drafter that looks matches up (prompt lookup, suffix): where it may copy from, and the
     shortest match worth a lookup (`shortest`, set by auto γ: a shorter one cannot pay), its n-gram
-    `orders` and longest match."""
+    `orders` and longest match, and how long a match shorter than a lookup looks for is (`seen_tail`)."""
 
     shortest: int
     max_match: int
@@ -277,6 +277,11 @@ class Lookups(Copies, Protocol):
 
     @property
     def sources(self) -> tuple[str, ...]:
+        ...
+
+    def seen_tail(self, context: list[int], below: int) -> int:
+        """The longest trailing n-gram of `context`, of an order below `below`, that occurred earlier in its
+        sources (0: none, the last token is new): how long its match is, where a lookup found none."""
         ...
 
 
@@ -328,7 +333,7 @@ class GammaPolicy(Protocol):
         """The shortest match length worth a lookup."""
 
     def resting(self) -> bool:
-        """Whether a batch's copies skip drafting this iteration."""
+        """Whether a batch's copies skip drafting this iteration (asked once per iteration: it counts them)."""
 
     def batch_drafted(self, drafted: bool) -> None:
         """Whether any copy of a batch iteration that looked up was kept."""

@@ -73,7 +73,7 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
     with its last row and no request waits for a row's place, so drafts are priced by what they save the
     batch, not the tokens a row gains: auto_gamma.batch_value). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
-    proposals, wants, resting = [], {}, {}
+    proposals, wants, resting, looked = [], {}, {}, {}
     for row in rows:
         cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
         fixed = isinstance(row.gamma, int)
@@ -82,18 +82,22 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
         if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None) or row.error is not None:
             proposals.append((None, 0, 0.0, None))
             continue
+        # a copying row in a batch on a ragged target: priced by `ragged_widths`, and resting with its
+        # policy while the batch's copies keep being cut to nothing (`GammaPolicy.resting`: asked once per
+        # iteration, before a row's own spacing below, so that the two wait side by side, not one after the other)
+        in_batch = len(rows) > 1 and row.copying and row.gamma.ragged and row.law is None
+        if in_batch:
+            if id(row.gamma) not in resting:
+                resting[id(row.gamma)] = row.gamma.resting()
+            if resting[id(row.gamma)]:
+                proposals.append((None, 0, 0.0, None))
+                continue
         bounded = row.own_copies
         if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup():
             proposals.append((None, 0, 0.0, None))
             continue
-        # a copying row in a batch on a ragged target: priced by `ragged_widths`, and resting with its
-        # policy while the batch's copies keep being cut to nothing (`GammaPolicy.resting`)
-        if len(rows) > 1 and row.copying and row.gamma.ragged and row.law is None:
-            if id(row.gamma) not in resting:
-                resting[id(row.gamma)] = (row.gamma, row.gamma.resting())
-            if resting[id(row.gamma)][1]:
-                proposals.append((None, 0, 0.0, None))
-                continue
+        if in_batch:  # this policy's batch looked this iteration (`batch_drafted` below)
+            looked[id(row.gamma)] = row.gamma
         t = time.perf_counter()
         key = (id(row.gamma), row.copying)  # auto is asked once per policy
         if key not in wants:  # a fixed γ, or the policy's budget for the batch (`GammaPolicy.budget`)
@@ -109,12 +113,11 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
         except Exception as e:  # a drafter's or a grammar's failure: this row alone fails (no drafts)
             row.error, proposal, forced = e, None, 0
         proposals.append((proposal, forced, time.perf_counter() - t, kind(row) if proposal is not None else None))
-    if not resting and all(p[0] is None for p in proposals):  # nothing drafted (most iterations): no pricing
+    if not looked and all(p[0] is None for p in proposals):  # nothing drafted (most iterations): no pricing
         return [Draft([], None, 0, 0, seconds) for _, _, seconds, _ in proposals]
     widths = _copy_widths(rows, proposals, until_last)
-    for policy, rested in resting.values():  # a batch that looked this iteration: did any copy pay?
-        if not rested:
-            policy.batch_drafted(any(widths.get(j, 0) for j, row in enumerate(rows) if row.gamma is policy))
+    for policy in looked.values():  # a batch that looked this iteration: did any copy pay?
+        policy.batch_drafted(any(widths.get(j, 0) for j, row in enumerate(rows) if row.gamma is policy))
     drafts = []
     for j, (row, (proposal, forced, seconds, copy_kind)) in enumerate(zip(rows, proposals)):
         keep = forced + widths[j] if proposal is not None and row.copying else None
@@ -130,12 +133,17 @@ def next_lookup(row: Row, proposal: Proposal | None) -> None:
     """When the row of a context-only copier under auto γ looks up again: once its context is long enough
     that a match could have grown to the shortest length auto γ predicts to pay (`row.drafter.shortest`,
     set before the lookup). A match grows by at most one token per token the context gains (the same
-    earlier occurrence, one token further on), so from a match of m tokens (none found: shorter than the
-    orders looked up) no copy can pay for `shortest` - m more tokens. Where only long matches pay, steps
-    then skip the lookup and its pricing. Drafts never change what is emitted, only how fast: a match
-    the bound misses (an occurrence beyond the index's CHAIN walked) costs speed."""
+    earlier occurrence, one token further on), so from a match of m tokens no copy can pay for `shortest`
+    - m more tokens. None found: m is the longest trailing n-gram, of the orders not looked up, that
+    occurred before (`Lookups.seen_tail`; 0 where the last token is new, as it is on about half of
+    chat's steps). Where only long matches pay, or the answer's words are new, steps then skip the lookup
+    and its pricing. Drafts never change what is emitted, only how fast: a match the bound misses (an
+    occurrence beyond the index's CHAIN walked) costs speed."""
     shortest = row.drafter.shortest
-    found = proposal.match if proposal is not None and proposal.match else min(shortest, row.drafter.orders[0]) - 1
+    if proposal is not None and proposal.match:
+        found = proposal.match
+    else:
+        found = row.lookups.seen_tail(row.context, min(shortest, row.drafter.orders[0]))
     row.lookup_at = len(row.context) + max(1, shortest - found)
 
 
