@@ -83,6 +83,23 @@ def test_a_lookup_for_longer_matches_finds_what_the_full_lookup_finds_that_long(
     assert {0, 1, 2} <= lengths and max(lengths) >= 5  # every branch was taken
 
 
+def test_a_prompt_indexed_at_once_is_indexed_as_token_by_token():
+    """SuffixIndex.extend of many tokens (a prompt, order by order) leaves the hash tables and chains that
+    appending them one at a time does, wherever the document already stood."""
+    rng = random.Random(5)
+    for _ in range(300):
+        text = [rng.randrange(8) for _ in range(rng.randrange(0, 40))]
+        cut = rng.randrange(0, len(text) + 1)
+        one, bulk = SuffixIndex(), SuffixIndex()
+        a, b = one.new_doc(), bulk.new_doc()
+        for token in text:
+            one.extend(a, [token])
+        bulk.extend(b, text[:cut])
+        bulk.extend(b, text[cut:])
+        assert bulk.heads == one.heads and bulk.tokens == one.tokens == len(text)
+        assert [list(p) for p in bulk.docs[b].prev] == [list(p) for p in one.docs[a].prev]
+
+
 def test_seen_tail_is_the_match_length_below_the_orders_looked_up():
     """`seen_tail(tail, below)`: where a lookup of the orders from `below` on finds nothing, the tail's
     match is exactly the longest lower order whose n-gram occurred before (the reference scan's length)."""

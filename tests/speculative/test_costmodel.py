@@ -153,7 +153,9 @@ def test_drafters_share_the_targets_refined_costs(tiny_target):
     policy.observe_step(2, 3 * lookup.target_s[1])
     policy.observe_step(1, 0.5 * lookup.target_s[0])  # a wide pass is observed with the step after it
     assert bigram.target_s is lookup.target_s and bigram.target_observations == [1, 1, 0]
-    AutoGamma(bigram).observe_step(1, 2 * lookup.target_s[0])
+    other = AutoGamma(bigram)
+    other.observe_step(1, 2 * lookup.target_s[0])
+    other.finish()  # a one-row plain step is kept until the policy prices or its row ends
     assert lookup.target_observations == [2, 1, 0]
     assert bigram.depth is lookup.depth  # T(k) at deeper contexts too
     assert lookup.copies and not bigram.copies  # a lookup is priced per proposal, a bigram per token
@@ -282,7 +284,9 @@ def test_iterations_refine_the_depths_around_them():
     cost.observe_target(2, one + 2 * (cost.target_seconds(2, 9000) - one), depth=9000)  # past the deepest: the deepest
     assert extra(cost.depth.seconds[1], 2) == pytest.approx(extra(held, 2) * 0.5 * 2)  # as priced, then as timed
     base = list(cost.target_s)
-    AutoGamma(cost).observe_step(1, 0.5 * base[0])  # no depth: the base curve, as before
+    policy = AutoGamma(cost)
+    policy.observe_step(1, 0.5 * base[0])  # no depth: the base curve, as before
+    policy.finish()
     assert cost.target_s == pytest.approx([t - 0.5 * base[0] for t in base])
     assert "depths" in cost.to_dict() and set(cost.to_dict()["depths"]) == {"100", "1000", "3000"}
 
@@ -660,3 +664,40 @@ def test_a_resting_batch_and_a_rows_spacing_wait_side_by_side():
     at = [i for i, look in enumerate(looked) if look]
     assert auto.shortest_paying([("context", "greedy")], 32) == 2
     assert [b - a for a, b in zip(at, at[1:])][:5] == [2, 3, 5, 1 + MAX_REST, 1 + MAX_REST]
+
+
+def test_one_row_plain_steps_move_t1_together_before_the_policy_prices():
+    """AutoGamma.observe_step keeps a one-row plain step's time (the shared curves untouched) and folds the
+    steps kept into T(1), in order, before its next pricing, every FOLD steps, and when a row ends
+    (`finish`): T(1) then is what observing each step at once gave."""
+    from exactspec.speculative.auto_gamma import FOLD
+
+    def curve() -> CostModel:
+        return CostModel([0.010, 0.012, 0.013, 0.020], copies=True)
+
+    times = [0.011, 0.009, 0.014, 0.010, 0.012]
+    at_once = curve()
+    for seconds in times:
+        at_once.observe_target(1, seconds)
+    for fold in ("finish", "price"):
+        cost = curve()
+        auto = AutoGamma(cost)
+        for seconds in times:
+            auto.observe_step(1, seconds)
+        assert cost.target_s == curve().target_s and cost.version == 0  # kept: nothing shared moved
+        auto.finish() if fold == "finish" else auto.next_gamma()
+        assert cost.target_s == pytest.approx(at_once.target_s, rel=1e-12)
+        assert cost.target_observations == at_once.target_observations
+    cost = curve()
+    auto = AutoGamma(cost)
+    for _ in range(FOLD):
+        auto.observe_step(1, 0.011)
+    assert cost.target_observations[0] == FOLD  # every FOLD steps, with no pricing and no end
+    steps = [(0.011, None), (0.013, 40), (0.02, 400), (0.009, 100), (0.012, 2000), (0.011, None)]
+    one_by_one, together = deep_costs(), deep_costs()  # base and deeper depths, in one run
+    for seconds, depth in steps:
+        one_by_one.observe_target(1, seconds, depth=depth)
+    together.observe_plain(steps)
+    for a, b in zip(one_by_one._curves(), together._curves()):
+        assert b[1] == pytest.approx(a[1], rel=1e-12) and b[2] == a[2]
+    assert together.version == one_by_one.version

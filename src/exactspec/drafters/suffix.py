@@ -112,9 +112,9 @@ class SuffixIndex:
         seq, base, tables = d.tokens, doc * STRIDE, d.tables
         if self.budget is not None:  # one document alone never outgrows the budget: its tail is not kept
             tokens = tokens[: max(0, self.budget // BYTES_PER_TOKEN - len(seq))]
-        for token in tokens:  # (every step of every request appends one: kept tight)
+        if len(tokens) == 1:  # every step of every request appends one: kept tight
             end = len(seq)  # the new token's offset: the n-grams ending here are followed by it
-            seq.append(token)
+            seq.append(tokens[0])
             for n, head, prev in tables:
                 if end < n:
                     prev.append(-1)
@@ -122,6 +122,16 @@ class SuffixIndex:
                 key = hash(tuple(seq[end - n : end]))
                 prev.append(head.get(key, -1))
                 head[key] = base + end
+        elif tokens:  # a prompt (before its prefill: `ReadsPrompt`): order by order, its n-grams zipped
+            start = len(seq)
+            seq.extend(tokens)
+            for n, head, prev in tables:
+                first = min(max(start, n), len(seq))  # the first offset with n tokens before it
+                prev.extend([-1] * (first - start))
+                for end, gram in enumerate(zip(*(seq[first - n + j: len(seq) - n + j] for j in range(n))), first):
+                    key = hash(gram)  # gram == tuple(seq[end - n : end])
+                    prev.append(head.get(key, -1))
+                    head[key] = base + end
         self.tokens += len(tokens)
         if self.budget is not None and self.nbytes > self.budget:
             self._evict(keep=doc)

@@ -17,6 +17,7 @@ from .theory import expected_tokens
 MAX_PROBE_GAP = 512  # the most plain steps between two probes (`Probes`): a written-off copy is retried so often
 REPRICE = 16  # calls `AutoGamma.shortest_paying` answers from its last pricing (until an outcome)
 MAX_REST = 8  # the longest a batch sits out drafting (AutoGamma.resting): a copy found late loses at most this
+FOLD = 8  # one-row plain steps a policy times before it moves the shared T(1) by them (`AutoGamma.observe_step`)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class AutoGamma:
         self._prices: tuple | None = None  # (key, step costs, their floors): `_step_costs`
         self._priced: dict[tuple, tuple[int, int]] = {}  # `_recall`: (an answer, calls it still serves)
         self._wide: tuple[int, float, int | None] | None = None  # a one-row wide pass: observed with the next step
+        self._plain: list[tuple[float, int | None]] = []  # one-row plain steps (seconds, depth) not yet observed
 
     @property
     def alpha(self) -> float:
@@ -99,6 +101,7 @@ class AutoGamma:
     def ragged_widths(self, alphas: list[tuple[float, int]], base: list[int],
                       left: list[int] | None = None) -> list[int]:
         """A ragged batch's drafts per row (module `ragged_widths`, at this policy's min_gain)."""
+        self.fold()
         return ragged_widths(self.cost, alphas, base, self.min_gain, left)
 
     def next_gamma(self, batch: int = 1, depth: int | None = None) -> int:
@@ -109,6 +112,7 @@ class AutoGamma:
         """Predicted speed-up of one iteration of width γ over plain decoding, for rows of (match
         length, tokens available to propose[, kind: see Acceptance.of]) in a batch of `batch` rows
         (default: these rows)."""
+        self.fold()
         tokens = sum(expected_tokens(self.acceptance.of(kind).alpha(m), min(gamma, avail)) for m, avail, kind in _kinds(rows))
         return tokens / len(rows) / self.cost.step_cost(gamma, batch or len(rows), self._depth(depth))
 
@@ -119,6 +123,7 @@ class AutoGamma:
         """`step_cost(γ)` for γ = 0..max_gamma, and floor[γ] = the least of them from γ on: found once
         per iteration (every copy, model arm and cut of a step is priced against them; a width's cost
         does not depend on the widest priced)."""
+        self.fold()
         key = (batch, depth, self.cost.version)
         if self._prices is None or self._prices[0] != key:
             costs = self.cost.step_costs(self.max_gamma, batch, depth)
@@ -231,7 +236,19 @@ class AutoGamma:
         steps (measured in docs/drafters.md). Timed alone,
         the wide passes left that cost to T(1), where no choice of γ saw it, and drafts that saved a
         little less than they cost were still made. So a wide pass is observed with the step after it
-        (that step then moves T(1) only down: the rest of it is the wide pass's)."""
+        (that step then moves T(1) only down: the rest of it is the wide pass's).
+
+        A one-row plain step (most steps, and every step of a short answer) is kept, and moves T(1) with
+        the others `fold` takes in: before this policy next prices, every FOLD of them, and when a row of
+        it ends (`finish`). Observed one by one, each moved every width of the shared curves right after
+        a pass, where Python runs ~3x slower than warm (~20 us a step, docs/drafters.md); other
+        requests' policies and the auto drafter see them up to FOLD steps late."""
+        if k == 1 and batch == 1 and self._wide is None:
+            self._plain.append((seconds, self._depth(depth)))
+            if len(self._plain) >= FOLD:
+                self.fold()
+            return
+        self.fold()
         depth = self._depth(depth)
         wide, self._wide = self._wide, None
         if wide is not None:
@@ -244,6 +261,17 @@ class AutoGamma:
             self._wide = (k, seconds, depth)  # observed with the next step
             return
         self.cost.observe_target(k, seconds, batch, lengths, depth)
+
+    def fold(self) -> None:
+        """Move the shared T(1) by the one-row plain steps kept since the last fold (`observe_step`), in
+        the order they ran."""
+        if self._plain:
+            plain, self._plain = self._plain, []
+            self.cost.observe_plain(plain)
+
+    def finish(self) -> None:
+        """A row of this policy ended: what it timed goes into the shared costs now."""
+        self.fold()
 
     def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
                 kind: object = None) -> None:

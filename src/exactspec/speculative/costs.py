@@ -280,6 +280,23 @@ class CostModel:
             curve[k - 1] = one + extra * (1.0 + step)
             extra_at[k - 1] = 0.0  # timed: priced as is from now on
 
+    def observe_plain(self, steps: list[tuple[float, int | None]]) -> None:
+        """One-row one-token steps of (seconds, depth), in the order they ran: each as `observe_target`
+        takes it. A run at the base depth moves T(1) step by step and every width once, by as much as
+        T(1) moved in all (what `_shift` after each would give)."""
+        i = 0
+        while i < len(steps):
+            if self.frozen or not self._at_base(steps[i][1]):
+                self.observe_target(1, steps[i][0], 1, None, steps[i][1])
+                i += 1
+                continue
+            one = start = self.target_s[0]
+            while i < len(steps) and self._at_base(steps[i][1]):
+                one += one * _step(self.target_observations, 1, min(max(steps[i][0] / one, 0.5), 2.0), 1.0)
+                self.version += 1
+                i += 1
+            self.target_s[:] = [t + (one - start) for t in self.target_s]
+
     def _observe_batch(self, batch: int, k: int, seconds: float) -> None:
         costs, key = self.batch, (batch, k)
         guess = self.single_row_guess(batch, k)

@@ -309,7 +309,7 @@ class GammaPolicy(Protocol):
     prices a row at its context depth (`depth`, set before the row drafts). A context-only copier's
     lookups may be skipped while no match can pay (`skip_lookup`, `shortest_paying`); a batch whose
     copies keep being cut to nothing rests (`resting`, `batch_drafted`). The loop reports each
-    iteration's time (`observe_step`) and each proposal's outcome (`observe`)."""
+    iteration's time (`observe_step`), each proposal's outcome (`observe`) and each row's end (`finish`)."""
 
     depth: int | None
     min_gain: float
@@ -337,6 +337,9 @@ class GammaPolicy(Protocol):
 
     def batch_drafted(self, drafted: bool) -> None:
         """Whether any copy of a batch iteration that looked up was kept."""
+
+    def finish(self) -> None:
+        """A row of this policy ended (what it has timed but kept goes into the shared costs: `observe_step`)."""
 
     def alphas(self, rows: list[tuple]) -> list[tuple[float, int]]:
         """(α, drafts it may keep) per row of (match length, proposal length[, kind])."""

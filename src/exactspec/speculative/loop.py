@@ -338,7 +338,10 @@ def _same_prompt(rows: list[Row]) -> list[list[Row]]:
 
 
 def _finish(row: Row) -> None:
-    """Tell a row's drafter its generation ended (a store-writing drafter keeps the last tokens)."""
+    """Tell a row's γ policy (it keeps some timings until then: `GammaPolicy.finish`) and its drafter (a
+    store-writing drafter keeps the last tokens) that its generation ended."""
+    if not isinstance(row.gamma, int):
+        row.gamma.finish()
     if isinstance(row.drafter, Finishing):
         try:
             row.drafter.finish(row.context)
