@@ -548,10 +548,11 @@ def test_measured_costs_charge_a_change_of_shape(tiny_target):
         assert large[k - 1] - plain[k - 1] == pytest.approx(0.05 + CHANGE_CAP * large[0], abs=0.008)
 
 
-def replay_lookups(extra_per_token: float, text: list[int], pays_from: int) -> tuple[list[bool], list[bool]]:
+def replay_lookups(extra_per_token: float, text: list[int], pays_from: int
+                   ) -> tuple[list[bool], list[bool], list[bool]]:
     """A prompt-lookup row under auto γ (T(k) = 1 + extra_per_token·(k-1), frozen, no probes) fed `text`
     token by token -> per step: whether it looked up, whether a full lookup finds a match of `pays_from`+
-    tokens (checked: the shortest auto γ prices as paying)."""
+    tokens (checked: the shortest auto γ prices as paying), whether the context's last token was new."""
     from exactspec.drafters.suffix import PromptLookupDrafter, SuffixIndex
     from exactspec.speculative.propose import propose
     from exactspec.speculative.rows import Row
@@ -560,7 +561,7 @@ def replay_lookups(extra_per_token: float, text: list[int], pays_from: int) -> t
     auto = AutoGamma(CostModel([1.0 + extra_per_token * k for k in range(33)], copies=True, frozen=True),
                      first_probe=10**6)
     row = Row(0, text[:2], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
-    looked, paying = [], []
+    looked, paying, new = [], [], []
     for token in text[2:]:
         propose([row], 10**6)
         drafter = row.drafter
@@ -569,9 +570,10 @@ def replay_lookups(extra_per_token: float, text: list[int], pays_from: int) -> t
         reference.extend(reference.new_doc(), row.context)
         match = reference.find(row.context)
         paying.append(match is not None and match.length >= pays_from)
+        new.append(row.context[-1] not in row.context[:-1])
         row.context.append(token)
     assert auto.shortest_paying([("context", "greedy")], drafter.max_match) == pays_from
-    return looked, paying
+    return looked, paying, new
 
 
 def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
@@ -581,7 +583,7 @@ def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
     paying match did look up, and the steps before the copy skipped most lookups."""
     passage = list(range(100, 140))
     text = list(range(200, 230)) + passage[:25] + list(range(300, 340)) + passage  # the passage, then its copy
-    looked, paying = replay_lookups(0.65, text, 5)  # matches of 5+ pay
+    looked, paying, _ = replay_lookups(0.65, text, 5)  # matches of 5+ pay
     assert sum(paying) >= 20 and all(look for look, pays in zip(looked, paying) if pays)
     assert sum(looked) < len(looked) // 2  # before the copy: one lookup in 3 or fewer
 
@@ -592,29 +594,10 @@ def test_after_a_new_token_the_lookup_that_cannot_find_a_match_is_skipped():
     matches of 2 pay, the lookup right after a new token is skipped (none can be found there), and a seen
     token is looked up after. Replayed over new words, then words seen before, then a copy: every step
     whose full lookup finds a paying match did look up."""
-    from exactspec.drafters.suffix import PromptLookupDrafter, SuffixIndex
-    from exactspec.speculative.propose import propose
-    from exactspec.speculative.rows import Row
-    from exactspec.speculative.sampling import SamplingParams
-
-    cost = CostModel([1.0 + 0.48 * k for k in range(33)], copies=True, frozen=True)  # matches of 2+ pay, of 1 not
-    auto = AutoGamma(cost, first_probe=10**6)
     passage = list(range(100, 120))
     seen_again = [100, 205, 110, 215, 101, 230, 111, 201]  # each seen before, no pair of them
     text = passage + list(range(200, 240)) + seen_again + passage
-    row = Row(0, text[:2], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
-    looked, paying, new = [], [], []
-    for token in text[2:]:
-        propose([row], 10**6)
-        drafter = row.drafter
-        looked.append(drafter.index.length(drafter._doc) == len(row.context))  # synced: it looked up
-        reference = SuffixIndex(orders=drafter.orders)
-        reference.extend(reference.new_doc(), row.context)
-        match = reference.find(row.context)
-        paying.append(match is not None and match.length >= 2)
-        new.append(row.context[-1] not in row.context[:-1])
-        row.context.append(token)
-    assert auto.shortest_paying([("context", "greedy")], drafter.max_match) == 2
+    looked, paying, new = replay_lookups(0.48, text, 2)  # matches of 2+ pay, of 1 not
     assert sum(paying) >= 15 and all(look for look, pays in zip(looked, paying) if pays)
     after = [(is_new, looked[i + 1]) for i, is_new in enumerate(new[:-1]) if looked[i] and not paying[i]]
     assert all(not next_looked for is_new, next_looked in after if is_new)  # after a new token: skipped
