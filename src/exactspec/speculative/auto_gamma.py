@@ -241,8 +241,8 @@ class AutoGamma:
         A one-row plain step (most steps, and every step of a short answer) is kept, and moves T(1) with
         the others `fold` takes in: before this policy next prices, every FOLD of them, and when a row of
         it ends (`finish`). Observed one by one, each moved every width of the shared curves right after
-        a pass, where Python runs ~3x slower than warm (~20 us a step, docs/drafters.md); other
-        requests' policies and the auto drafter see them up to FOLD steps late."""
+        a pass, where Python runs slower than warm (measured in docs/drafters.md); other requests'
+        policies and the auto drafter see them up to FOLD steps late."""
         if k == 1 and batch == 1 and self._wide is None:
             self._plain.append((seconds, self._depth(depth)))
             if len(self._plain) >= FOLD:
