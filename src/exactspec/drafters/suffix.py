@@ -112,17 +112,18 @@ class SuffixIndex:
         seq, base, tables = d.tokens, doc * STRIDE, d.tables
         if self.budget is not None:  # one document alone never outgrows the budget: its tail is not kept
             tokens = tokens[: max(0, self.budget // BYTES_PER_TOKEN - len(seq))]
-        if len(tokens) == 1:  # every step of every request appends one: kept tight
-            end = len(seq)  # the new token's offset: the n-grams ending here are followed by it
-            seq.append(tokens[0])
-            for n, head, prev in tables:
-                if end < n:
-                    prev.append(-1)
-                    continue
-                key = hash(tuple(seq[end - n : end]))
-                prev.append(head.get(key, -1))
-                head[key] = base + end
-        elif tokens:  # a prompt (before its prefill: `ReadsPrompt`): order by order, its n-grams zipped
+        if len(tokens) <= 8:  # a step's tokens (every step of every request appends some: kept tight)
+            for token in tokens:
+                end = len(seq)  # the new token's offset: the n-grams ending here are followed by it
+                seq.append(token)
+                for n, head, prev in tables:
+                    if end < n:
+                        prev.append(-1)
+                        continue
+                    key = hash(tuple(seq[end - n : end]))
+                    prev.append(head.get(key, -1))
+                    head[key] = base + end
+        else:  # a prompt (before its prefill: `ReadsPrompt`): order by order, its n-grams zipped
             start = len(seq)
             seq.extend(tokens)
             for n, head, prev in tables:
