@@ -621,6 +621,25 @@ def test_a_wide_pass_pays_for_the_slower_step_after_it():
     assert cost.target_seconds(4) == pytest.approx(0.012, rel=0.02)
 
 
+def test_a_short_answers_steps_reach_the_shared_t1_when_it_ends(tiny_target):
+    """The loop tells a row's policy that its generation ended (`GammaPolicy.finish`): an answer shorter
+    than FOLD steps, with no pricing after its last step, still refines T(1) by every step it took."""
+    import torch
+
+    from exactspec.drafters.suffix import PromptLookupDrafter
+    from exactspec.speculative.auto_gamma import FOLD
+    from exactspec.speculative.loop import decode
+    from exactspec.speculative.sampling import SamplingParams
+    from exactspec.stats import Stats
+
+    cost = CostModel([0.05 * k for k in range(1, 34)], copies=True)  # a draft never pays: every step plain
+    stats = Stats()
+    tokens = list(decode(tiny_target, PromptLookupDrafter(), [1, 2, 3, 4], SamplingParams(temperature=0),
+                         AutoGamma(cost, first_probe=10**6), FOLD - 3, torch.Generator(), stats, stop_on_eos=False))
+    assert len(tokens) == FOLD - 3 and stats.proposed == 0
+    assert cost.target_observations[0] == stats.target_calls == FOLD - 3
+
+
 def test_a_resting_batch_and_a_rows_spacing_wait_side_by_side():
     """propose: a batch's rest (`AutoGamma.resting`, after its copies were cut to nothing) counts the
     iterations while a row's own spacing (`next_lookup`, 2 tokens after a new one where matches of 2+
