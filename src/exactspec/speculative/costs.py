@@ -249,9 +249,9 @@ class CostModel:
         T(k) alone."""
         if self.frozen or not 1 <= k <= len(self.target_s):
             return
+        if k == 1 and batch == 1 and self._at_base(depth):  # a one-token step at the base: target_s alone moves
+            return self.observe_plain([(seconds, depth)])
         self.version += 1
-        if k == 1 and batch == 1 and self._at_base(depth):  # the most common iteration: target_s alone moves
-            return _shift(self.target_s, self.target_observations, min(max(seconds / self.target_s[0], 0.5), 2.0), 1.0)
         if batch > 1 and self.ragged:
             return self._observe_ragged(lengths or [k] * batch, seconds)
         if batch > 1:
@@ -284,9 +284,11 @@ class CostModel:
         """One-row one-token steps of (seconds, depth), in the order they ran: each as `observe_target`
         takes it. A run at the base depth moves T(1) step by step and every width once, by as much as
         T(1) moved in all (what `_shift` after each would give)."""
+        if self.frozen:
+            return
         i = 0
         while i < len(steps):
-            if self.frozen or not self._at_base(steps[i][1]):
+            if not self._at_base(steps[i][1]):  # deeper: `observe_target` moves the depths around it
                 self.observe_target(1, steps[i][0], 1, None, steps[i][1])
                 i += 1
                 continue
