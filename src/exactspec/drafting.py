@@ -12,6 +12,7 @@ from .drafters import STORE_MB
 from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter
+from .drafters.prompt_indexes import PromptIndexes
 from .drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
 from .drafters.source import read_source
 from .errors import ExactSpecError
@@ -39,6 +40,7 @@ class Drafting:
         self.target, self.draft_model = target, draft_model
         self.store: SuffixIndex | None = None  # earlier requests' and running siblings' outputs (drafters/suffix.py)
         self.set_store(store_mb)
+        self.prompts = PromptIndexes()  # recent prompts' and contexts' indexes: a prompt that begins with one copies it
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []
@@ -64,9 +66,9 @@ class Drafting:
         if draft == "none":
             return None
         if draft == "prompt-lookup":
-            return PromptLookupDrafter()
+            return PromptLookupDrafter(prompts=self.prompts)
         if draft == "suffix":
-            return SuffixDrafter(self.store)
+            return SuffixDrafter(self.store, prompts=self.prompts)
         if draft in ("bigram", "unigram"):
             return NGramDrafter(self.target.vocab_size, order=2 if draft == "bigram" else 1)
         if draft == "model" and self.draft_model is not None:

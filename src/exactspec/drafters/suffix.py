@@ -29,12 +29,16 @@ import threading
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..speculative.interfaces import Proposal
 from ..speculative.sampling import SamplingParams
 from .rewrites import Rewrites
+
+if TYPE_CHECKING:
+    from .prompt_indexes import PromptIndexes
 
 ORDERS = (3, 2, 1)  # n-gram orders indexed, longest first (the prompt-lookup drafter's 3..1)
 CHAIN = 32  # earlier occurrences compared per lookup
@@ -105,6 +109,19 @@ class SuffixIndex:
     def length(self, doc: int) -> int:
         d = self.docs.get(doc)
         return len(d.tokens) if d is not None else 0
+
+    def copy(self) -> "SuffixIndex":
+        """An index holding what this one holds, sharing nothing with it (`PromptIndexes` hands a copy of
+        a recent prompt's index to the next request that begins with it)."""
+        twin = SuffixIndex(None, self.chain, self.max_match, self.orders)
+        twin.budget, twin.tokens, twin._next_doc = self.budget, self.tokens, self._next_doc
+        twin.heads = [head.copy() for head in self.heads]
+        for doc, d in self.docs.items():
+            t = twin.docs[doc] = _Doc(self.orders, twin.heads)
+            t.tokens = list(d.tokens)
+            t.prev = [array("q", links) for links in d.prev]
+            t.tables = list(zip(self.orders, twin.heads, t.prev))
+        return twin
 
     def extend(self, doc: int, tokens: list[int]) -> None:
         """Append tokens to a document, indexing each n-gram that now has a next token."""
@@ -248,16 +265,19 @@ class SuffixDrafter:
     the prompt writes what the answer has rewritten of it so far (`rewrites`, drafters/rewrites.py).
     `shortest`: matches shorter than this are not looked for (the auto drafter sets it to the shortest
     match auto γ could be paid for: in open chat a one-token match never is, and its lookup walks the
-    most occurrences)."""
+    most occurrences). `prompts`: the engine's recent indexes (drafters/prompt_indexes.py): a generation
+    starts from a copy of the one its prompt begins with, and leaves its own there when it finishes."""
 
     copies = True
 
     def __init__(self, store: SuffixIndex | None = None, own_context: bool = True, name: str | None = None,
-                 max_match: int = MAX_MATCH, orders: tuple[int, ...] = ORDERS) -> None:
-        self.store, self.max_match, self.orders = store, max_match, orders
+                 max_match: int = MAX_MATCH, orders: tuple[int, ...] = ORDERS,
+                 prompts: PromptIndexes | None = None) -> None:
+        self.store, self.max_match, self.orders, self.prompts = store, max_match, orders, prompts
         self.name = name or ("suffix" if own_context else "store")
         self.index = SuffixIndex(max_match=max_match, orders=orders) if own_context else None
         self._doc = self.index.new_doc() if self.index is not None else None
+        self._begun = False  # the context indexed so far began a generation (`sync`)
         self.rewrites: Rewrites | None = Rewrites() if own_context else None  # None: copies verbatim only
         self._store_doc: int | None = None
         self._stored = 0  # context tokens written to the store (absolute offset in the context)
@@ -273,19 +293,40 @@ class SuffixDrafter:
     def sync(self, context: list[int]) -> None:
         """Index the context tokens not seen yet (the context only grows within one generation)."""
         if self.index is not None:
-            indexed = self.index.docs[self._doc].tokens
-            seen = len(indexed)
-            if seen > len(context) or (seen and indexed[seen - 1] != context[seen - 1]):
-                # not the context indexed so far (a new generation): start over
-                self.index = SuffixIndex(max_match=self.max_match, orders=self.orders)
-                self._doc, seen = self.index.new_doc(), 0
-            if self.rewrites is not None and not seen:  # a generation's first proposal: its context is the prompt
-                self.rewrites.start(len(context))
-            self.index.extend(self._doc, context[seen:])
+            seen = self._indexed(context)
+            if seen is None:  # a generation's first proposal (or its prompt's reading): its context is the prompt
+                self._begin(context)
+            else:
+                self.index.extend(self._doc, context[seen:])
             if self.rewrites is not None:
                 self.rewrites.track(context)
         if self.store is not None:
             self._write(context)
+
+    def _indexed(self, context: list[int]) -> int | None:
+        """How many of `context`'s tokens the index holds, or None where it holds something else or this
+        generation has not begun."""
+        indexed = self.index.docs[self._doc].tokens
+        seen = len(indexed)
+        if not self._begun or seen > len(context) or (seen and indexed[seen - 1] != context[seen - 1]):
+            return None
+        return seen
+
+    def _begin(self, prompt: list[int]) -> None:
+        """A generation's index: from the longest recent index its prompt begins with (`prompts`), else new;
+        the prompt's index is kept there in turn, for its next samples and repeats."""
+        if self.prompts is not None:
+            self.index, self._doc = self.prompts.start(prompt, self.max_match, self.orders)
+        elif self.index.docs[self._doc].tokens:  # a drafter's next generation: a new index
+            self.index = SuffixIndex(max_match=self.max_match, orders=self.orders)
+            self._doc = self.index.new_doc()
+        rest = prompt[len(self.index.docs[self._doc].tokens):]
+        self.index.extend(self._doc, rest)
+        if self.prompts is not None and rest:  # (a prompt kept as it is is not kept again)
+            self.prompts.keep(self.index.copy(), self._doc)
+        if self.rewrites is not None:
+            self.rewrites.start(len(prompt))
+        self._begun = True
 
     def read_prompt(self, prompt: list[int]) -> None:
         """Index the prompt before decoding (`ReadsPrompt`): the first proposal then indexes nothing."""
@@ -369,14 +410,20 @@ class SuffixDrafter:
         pass
 
     def finish(self, context: list[int]) -> None:
-        """The generation ended with this context: its last tokens go to the store too."""
+        """The generation ended with this context: its last tokens go to the store too, and its index, all of
+        it indexed, to `prompts` (an agent's next prompt begins with this context)."""
         if self.store is not None:
             self._write(context)
+        if self.prompts is not None and self.index is not None and (seen := self._indexed(context)) is not None:
+            self.index.extend(self._doc, context[seen:])
+            self.prompts.keep(self.index, self._doc)
+            self._begun = False  # the index is given up: a next generation begins from a copy
 
 
 class PromptLookupDrafter(SuffixDrafter):
     """Prompt lookup (Saxena 2023): copies from the request's own context only, matching its trailing
     n-grams for n = max_ngram..min_ngram."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_match: int = MAX_MATCH) -> None:
-        super().__init__(None, True, "prompt-lookup", max_match, tuple(range(max_ngram, min_ngram - 1, -1)))
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_match: int = MAX_MATCH,
+                 prompts: PromptIndexes | None = None) -> None:
+        super().__init__(None, True, "prompt-lookup", max_match, tuple(range(max_ngram, min_ngram - 1, -1)), prompts)
