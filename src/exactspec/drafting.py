@@ -40,7 +40,7 @@ class Drafting:
         self.target, self.draft_model = target, draft_model
         self.store: SuffixIndex | None = None  # earlier requests' and running siblings' outputs (drafters/suffix.py)
         self.set_store(store_mb)
-        self.prompts = PromptIndexes()  # recent prompts' and contexts' indexes: a prompt that begins with one copies it
+        self.prompts = PromptIndexes()  # recent prompts' indexes: a prompt that begins with one copies it
         self.prior_alpha = prior_alpha  # AutoGamma's prior acceptance rate (`exactspec tune` reports α per workload)
         self._target_costs: list[float] | None = None  # T(k), k = 1..K, and how often each was refined
         self._target_observations: list[int] = []

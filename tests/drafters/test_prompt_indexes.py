@@ -1,5 +1,5 @@
 """Recent prompts' indexes (drafters/prompt_indexes.py): a copy holds what an index built from scratch
-holds and shares nothing with its original; a prompt that begins with a kept index indexes only the rest
+holds and shares nothing with its original; a prompt that begins with a kept one indexes only the rest
 (an agent's next step, a repeated prompt) and drafts what a drafter without them drafts."""
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def answer(drafter: SuffixDrafter, prompt: list[int], reply: list[int]) -> list[
 
 
 def test_an_agents_next_step_indexes_only_its_new_tokens_and_drafts_the_same():
-    """Step 2's prompt is step 1's context (prompt and answer) and a tool's result: its drafter starts
-    from step 1's finished index, indexes only the new tokens, and proposes what a drafter that indexed
+    """Step 2's prompt is step 1's, its answer and a tool's result: its drafter starts from step 1's
+    prompt's index, indexes only the tokens after it, and proposes what a drafter that indexed
     everything proposes; rewrites begin at its own prompt's length."""
     rng = random.Random(2)
     prompts = PromptIndexes()
@@ -67,7 +67,7 @@ def test_an_agents_next_step_indexes_only_its_new_tokens_and_drafts_the_same():
     assert prompts.reused == 0
     drafter = PromptLookupDrafter(prompts=prompts)
     drafter.read_prompt(step2)
-    assert prompts.reused == len(step1) + len(reply1)  # step 1's context, copied
+    assert prompts.reused == len(step1)  # step 1's prompt, copied
     assert state(drafter.index) == state(built(step2)) and drafter.rewrites.prompt_len == len(step2)
     second = answer(PromptLookupDrafter(prompts=prompts), step2, reply2)
     assert [first, second] == alone and any(alone[1])
@@ -79,7 +79,7 @@ def test_a_repeated_prompt_is_copied_and_kept_once():
     runs = [answer(SuffixDrafter(prompts=prompts), prompt, reply) for _ in range(3)]
     assert runs[0] == runs[1] == runs[2]
     assert prompts.reused == 2 * len(prompt)
-    assert sorted(len(i.docs[d].tokens) for i, d in prompts._kept) == [len(prompt), len(prompt) + len(reply)]
+    assert [len(i.docs[d].tokens) for i, d in prompts._kept] == [len(prompt)]
 
 
 def test_kept_indexes_keep_to_their_count_and_budget_and_never_mix_orders():

@@ -1,13 +1,13 @@
-"""Recent prompts' and finished contexts' indexes, so that a request whose prompt begins with one of them
-indexes only the rest.
+"""Recent prompts' indexes, so that a request whose prompt begins with one of them indexes only the rest.
 
 Prompt lookup indexes every prompt token before decoding (drafters/suffix.py: one hash-table write per
 n-gram order a token), which an agent pays for its whole conversation at every step: the next step's
-prompt is the last one's context (its prompt and answer) and a tool's result. A request's samples, and
-the runs of `--compare`, send one prompt several times. `PromptIndexes` keeps the last few indexes
-(each prompt's as read, each context's as its generation finished), and a drafter whose prompt begins
-with one's tokens starts from a copy of it (dictionary and array copies) and indexes only the tokens
-after them.
+prompt is the last one's, its answer and a tool's result. A request's samples, and the runs of
+`--compare`, send one prompt several times. `PromptIndexes` keeps the indexes of the last few prompts
+as they were read, and a drafter whose prompt begins with one's tokens starts from a copy of it
+(dictionary and array copies) and indexes only the tokens after them. (A finished generation's context
+is not kept: copying or handing it over cost more, in a short answer, than indexing the answer again
+saves an agent's next step.)
 
 A copy holds the tables an index built from scratch over the same tokens holds, so the drafts are the
 same either way (tests/drafters/test_prompt_indexes.py); and the output never depends on the drafts.
@@ -24,8 +24,7 @@ KEPT = 8  # indexes kept at most (the most recently used stay)
 
 
 class PromptIndexes:
-    """The last few indexes of single documents (a prompt's, or a finished generation's context), shared by
-    an engine's drafters: `start` gives a generation a copy of the longest that its prompt begins with,
+    """The last few prompts' indexes (single documents), shared by an engine's drafters: `start` gives a generation a copy of the longest that its prompt begins with,
     `keep` adds one. `reused`: prompt tokens that were copied instead of indexed, since the start."""
 
     def __init__(self, budget_mb: float = PROMPT_INDEX_MB, kept: int = KEPT) -> None:
@@ -56,8 +55,8 @@ class PromptIndexes:
         return index, index.new_doc()
 
     def keep(self, index: SuffixIndex, doc: int) -> None:
-        """Keep `index`, whose only document is `doc`, for later prompts that begin with its tokens. The
-        caller gives it up: it must not write it afterwards. Where a kept index holds the same tokens, that
+        """Keep `index`, whose only document is `doc`, for later prompts that begin with its tokens (the
+        caller must not write it afterwards). Where a kept index holds the same tokens, that
         one stays (as the most recently used); the least recently used go while more than `most`, or more
         tokens than the budget, are kept."""
         tokens = index.docs[doc].tokens

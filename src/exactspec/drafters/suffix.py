@@ -265,8 +265,8 @@ class SuffixDrafter:
     the prompt writes what the answer has rewritten of it so far (`rewrites`, drafters/rewrites.py).
     `shortest`: matches shorter than this are not looked for (the auto drafter sets it to the shortest
     match auto γ could be paid for: in open chat a one-token match never is, and its lookup walks the
-    most occurrences). `prompts`: the engine's recent indexes (drafters/prompt_indexes.py): a generation
-    starts from a copy of the one its prompt begins with, and leaves its own there when it finishes."""
+    most occurrences). `prompts`: the engine's recent prompts' indexes (drafters/prompt_indexes.py): a
+    generation starts from a copy of the longest its prompt begins with, and leaves its prompt's there."""
 
     copies = True
 
@@ -410,14 +410,9 @@ class SuffixDrafter:
         pass
 
     def finish(self, context: list[int]) -> None:
-        """The generation ended with this context: its last tokens go to the store too, and its index, all of
-        it indexed, to `prompts` (an agent's next prompt begins with this context)."""
+        """The generation ended with this context: its last tokens go to the store too."""
         if self.store is not None:
             self._write(context)
-        if self.prompts is not None and self.index is not None and (seen := self._indexed(context)) is not None:
-            self.index.extend(self._doc, context[seen:])
-            self.prompts.keep(self.index, self._doc)
-            self._begun = False  # the index is given up: a next generation begins from a copy
 
 
 class PromptLookupDrafter(SuffixDrafter):
