@@ -459,6 +459,32 @@ def test_a_lookup_skips_match_lengths_that_cannot_pay():
     assert answers[0] == 3 and answers[-1] == 1
 
 
+def test_the_shortest_paying_match_is_the_shortest_bucket_whose_best_width_pays():
+    """`shortest_paying` prices each bucket's shortest match inline: the same answer as asking `best` for
+    a copy of every length in turn, over random curves and outcomes (no probe due)."""
+    import random
+
+    from exactspec.speculative.acceptance import BUCKET_EDGES
+
+    rng = random.Random(0)
+    kinds = [("context", "greedy"), ("store", "greedy")]
+    answers = set()
+    for _ in range(300):
+        t1, slope = rng.uniform(0.004, 0.01), rng.uniform(0.05, 1.5)
+        curve = [t1 * (1 + sum(rng.uniform(0.0, slope) for _ in range(k))) for k in range(33)]
+        auto = AutoGamma(CostModel(curve, copies=True, frozen=True), first_probe=10**9)
+        for _ in range(rng.randrange(40)):
+            match = rng.choice(BUCKET_EDGES)
+            auto.observe(4, rng.randrange(5), match=match, kind=rng.choice(kinds))
+        asked = kinds[: rng.randrange(1, 3)]
+        longest = rng.choice((3, 5, 64))
+        reference = next((m for m in BUCKET_EDGES if m < longest and any(
+            auto.best([(m, auto.max_gamma, kind)], 1)[1] >= auto.min_gain for kind in asked)), longest)
+        assert auto.shortest_paying(asked, longest) == reference
+        answers.add(reference)
+    assert {1, 2, 3, 5, 9, 17} <= answers  # short and long matches, and none (3, 5: the longest asked), priced
+
+
 def test_the_store_starts_from_a_lower_prior():
     """The store (other requests' text) is a weaker witness than the request's own context at the same
     match length: a cold engine's store copies of short matches are not drafted before they are seen to pay."""

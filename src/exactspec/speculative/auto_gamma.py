@@ -162,8 +162,12 @@ class AutoGamma:
         known = self._recall(key)
         if known is not None:
             return known
-        for match in (edge for edge in BUCKET_EDGES if edge < longest):
-            if any(self.best([(match, self.max_gamma, kind)], 1)[1] >= self.min_gain for kind in kinds):
+        costs, floor = self._step_costs(1, self.depth)  # `best` of one row at every width, inline
+        views = [self.acceptance.of(kind) for kind in kinds]
+        for match in BUCKET_EDGES:
+            if match >= longest:
+                break
+            if any(_one_row(view.alpha(match), self.max_gamma, costs, floor)[1] >= self.min_gain for view in views):
                 return self._keep(key, match)
         return self._keep(key, longest)
 
