@@ -574,6 +574,14 @@ def test_measured_costs_charge_a_change_of_shape(tiny_target):
         assert large[k - 1] - plain[k - 1] == pytest.approx(0.05 + CHANGE_CAP * large[0], abs=0.008)
 
 
+def asked(drafter) -> list[int]:
+    """The context lengths `drafter` is asked to propose at, from now on (a lookup: a drafter that can tell
+    at once that nothing is to be found does not even index the tokens since its last lookup)."""
+    lengths, lookup = [], drafter.propose
+    drafter.propose = lambda *args, **kwargs: lengths.append(len(args[0])) or lookup(*args, **kwargs)
+    return lengths
+
+
 def replay_lookups(extra_per_token: float, text: list[int], pays_from: int
                    ) -> tuple[list[bool], list[bool], list[bool]]:
     """A prompt-lookup row under auto γ (T(k) = 1 + extra_per_token·(k-1), frozen, no probes) fed `text`
@@ -586,12 +594,13 @@ def replay_lookups(extra_per_token: float, text: list[int], pays_from: int
 
     auto = AutoGamma(CostModel([1.0 + extra_per_token * k for k in range(33)], copies=True, frozen=True),
                      first_probe=10**6)
-    row = Row(0, text[:2], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
+    drafter = PromptLookupDrafter()
+    lookups = asked(drafter)
+    row = Row(0, text[:2], drafter, SamplingParams(temperature=0), auto, 10**6, None)
     looked, paying, new = [], [], []
     for token in text[2:]:
         propose([row], 10**6)
-        drafter = row.drafter
-        looked.append(drafter.index.length(drafter._doc) == len(row.context))  # synced: it looked up
+        looked.append(lookups[-1:] == [len(row.context)])
         reference = SuffixIndex(orders=drafter.orders)
         reference.extend(reference.new_doc(), row.context)
         match = reference.find(row.context)
@@ -681,12 +690,12 @@ def test_a_resting_batch_and_a_rows_spacing_wait_side_by_side():
     auto = AutoGamma(cost, first_probe=10**6)
     rows = [Row(j, [1000 * j, 1000 * j + 1], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
             for j in range(2)]
-    looked = []
+    lookups, looked = [asked(row.drafter) for row in rows], []
     for step in range(40):
         propose(rows, 10**6, until_last=True)
-        synced = [row.drafter.index.length(row.drafter._doc) == len(row.context) for row in rows]
-        assert synced[0] == synced[1]
-        looked.append(synced[0])
+        now = [seen[-1:] == [len(row.context)] for seen, row in zip(lookups, rows)]
+        assert now[0] == now[1]
+        looked.append(now[0])
         for row in rows:
             row.context.append(row.context[-1] + 2)  # a token never seen before
     at = [i for i, look in enumerate(looked) if look]
