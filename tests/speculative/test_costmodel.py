@@ -675,6 +675,38 @@ def test_a_short_answers_steps_reach_the_shared_t1_when_it_ends(tiny_target):
     assert cost.target_observations[0] == stats.target_calls == FOLD - 3
 
 
+def test_the_first_lookup_is_decided_before_the_prefill(monkeypatch):
+    """propose.first_lookup: where the prompt's trailing n-gram of the shortest order looked up never occurred
+    (here matches of 2+ pay), the first iteration does not ask the drafter, and every later lookup is the
+    one the row makes when its first lookup finds nothing; where it occurred, the first iteration looks up."""
+    from exactspec.drafters.suffix import PromptLookupDrafter
+    from exactspec.speculative import propose as steps
+    from exactspec.speculative.rows import Row
+    from exactspec.speculative.sampling import SamplingParams
+
+    def lookups(prompt: list[int], decided: bool) -> list[int]:
+        auto = AutoGamma(CostModel([1.0 + 0.48 * k for k in range(33)], copies=True, frozen=True), first_probe=10**6)
+        drafter = PromptLookupDrafter()
+        row = Row(0, prompt, drafter, SamplingParams(temperature=0), auto, 10**6, None)
+        seen = asked(drafter)
+        with monkeypatch.context() as m:
+            if not decided:
+                m.setattr(steps, "first_lookup", lambda row: None)
+            steps.prepare(row)
+        assert drafter.shortest == 2
+        for token in [50, 51, 2, 3, 52, 53, 54, 4]:
+            steps.propose([row], 10**6)
+            row.context.append(token)
+        return seen
+
+    text = [1, 2, 3, 4, 9, 8, 7]
+    for tail, first_looks in (([1, 2], True), ([9, 3], False), ([60], False), ([61, 62], False)):
+        prompt = text + tail
+        decided, plain = lookups(prompt, True), lookups(prompt, False)
+        assert plain[0] == len(prompt) and (decided[:1] == [len(prompt)]) == first_looks
+        assert decided == (plain if first_looks else plain[1:]) and len(decided) >= 3
+
+
 def test_a_resting_batch_and_a_rows_spacing_wait_side_by_side():
     """propose: a batch's rest (`AutoGamma.resting`, after its copies were cut to nothing) counts the
     iterations while a row's own spacing (`next_lookup`, 2 tokens after a new one where matches of 2+

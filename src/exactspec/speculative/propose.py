@@ -14,17 +14,31 @@ from .sampling import SamplingParams
 
 def prepare(row: Row) -> None:
     """A row's set-up, before its prompt is prefilled: its drafter reads the prompt (`ReadsPrompt`), and auto
-    γ prices its first lookup at the prompt's depth. The first iteration then runs right after the prefill
-    without them, when the prefill has left the CPU's caches cold for Python (its work runs ~3x slower
-    there: docs/drafters.md). A failure here is the row's alone (`row.error`), as in `propose`."""
+    γ prices its first lookup at the prompt's depth and tells whether it can find anything (`first_lookup`).
+    The first iteration then runs right after the prefill without them, when the prefill has left the CPU's
+    caches cold for Python (its work runs ~3x slower there: docs/drafters.md). A failure here is the row's
+    alone (`row.error`), as in `propose`."""
     try:
         if isinstance(row.drafter, ReadsPrompt):
             row.drafter.read_prompt(row.prompt)
         if row.own_copies:
             row.gamma.depth = len(row.prompt)
             price_lookup(row)
+            first_lookup(row)
     except Exception as e:
         row.error = e
+
+
+def first_lookup(row: Row) -> None:
+    """The first iteration's lookup, decided before the prefill: where the prompt's trailing n-gram of the
+    shortest order looked up never occurred before it (a chat prompt ends with its template's opening of
+    the answer, which a single-turn prompt holds once), no match can be found, and the row's next lookup is
+    set as that lookup finding nothing would set it (`next_lookup`): the first iteration skips it."""
+    shortest = row.drafter.shortest
+    order = min(shortest, row.drafter.orders[0])
+    found = row.lookups.seen_tail(row.prompt, order + 1)
+    if found < order:
+        row.lookup_at = len(row.prompt) + max(1, shortest - found)
 
 
 def price_lookup(row: Row) -> None:
