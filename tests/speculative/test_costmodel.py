@@ -595,12 +595,11 @@ def replay_lookups(extra_per_token: float, text: list[int], pays_from: int
     auto = AutoGamma(CostModel([1.0 + extra_per_token * k for k in range(33)], copies=True, frozen=True),
                      first_probe=10**6)
     drafter = PromptLookupDrafter()
-    lookups = asked(drafter)
     row = Row(0, text[:2], drafter, SamplingParams(temperature=0), auto, 10**6, None)
     looked, paying, new = [], [], []
     for token in text[2:]:
+        looked.append(len(row.context) >= row.lookup_at)  # not spaced out: it looks (or tells it cannot match)
         propose([row], 10**6)
-        looked.append(lookups[-1:] == [len(row.context)])
         reference = SuffixIndex(orders=drafter.orders)
         reference.extend(reference.new_doc(), row.context)
         match = reference.find(row.context)
@@ -675,36 +674,41 @@ def test_a_short_answers_steps_reach_the_shared_t1_when_it_ends(tiny_target):
     assert cost.target_observations[0] == stats.target_calls == FOLD - 3
 
 
-def test_the_first_lookup_is_decided_before_the_prefill(monkeypatch):
-    """propose.first_lookup: where the prompt's trailing n-gram of the shortest order looked up never occurred
-    (here matches of 2+ pay), the first iteration does not ask the drafter, and every later lookup is the
-    one the row makes when its first lookup finds nothing; where it occurred, the first iteration looks up."""
+def test_a_lookup_that_cannot_match_does_not_ask_the_drafter(monkeypatch):
+    """propose.cannot_match: where the context's trailing n-gram of the shortest order looked up never
+    occurred (here matches of 2+ pay), the drafter is not asked, and the row's next lookup is the one a
+    lookup finding nothing sets; the first iteration's is decided so before the prefill (`prepare`).
+    Replayed over new words, words seen before and a copy of the prompt, against a row that always asks:
+    the same drafts and lookups, the drafter asked far less, and not at the prompt's end."""
     from exactspec.drafters.suffix import PromptLookupDrafter
     from exactspec.speculative import propose as steps
     from exactspec.speculative.rows import Row
     from exactspec.speculative.sampling import SamplingParams
 
-    def lookups(prompt: list[int], decided: bool) -> list[int]:
+    passage = list(range(100, 120))
+    prompt = list(range(200, 220)) + passage + [300]  # ends with a token never seen before
+    answer = list(range(400, 430)) + [100, 205, 110, 215, 101, 230, 111] + passage
+
+    def replay(tells: bool) -> tuple[list, list[int], list[int]]:
         auto = AutoGamma(CostModel([1.0 + 0.48 * k for k in range(33)], copies=True, frozen=True), first_probe=10**6)
         drafter = PromptLookupDrafter()
         row = Row(0, prompt, drafter, SamplingParams(temperature=0), auto, 10**6, None)
-        seen = asked(drafter)
+        lookups, drafts, spacing = asked(drafter), [], []
         with monkeypatch.context() as m:
-            if not decided:
-                m.setattr(steps, "first_lookup", lambda row: None)
+            if not tells:
+                m.setattr(steps, "cannot_match", lambda row: False)
             steps.prepare(row)
+            for token in answer:
+                drafts.append(steps.propose([row], 10**6)[0].ids)
+                spacing.append(row.lookup_at)
+                row.context.append(token)
         assert drafter.shortest == 2
-        for token in [50, 51, 2, 3, 52, 53, 54, 4]:
-            steps.propose([row], 10**6)
-            row.context.append(token)
-        return seen
+        return drafts, spacing, lookups
 
-    text = [1, 2, 3, 4, 9, 8, 7]
-    for tail, first_looks in (([1, 2], True), ([9, 3], False), ([60], False), ([61, 62], False)):
-        prompt = text + tail
-        decided, plain = lookups(prompt, True), lookups(prompt, False)
-        assert plain[0] == len(prompt) and (decided[:1] == [len(prompt)]) == first_looks
-        assert decided == (plain if first_looks else plain[1:]) and len(decided) >= 3
+    told, always = replay(True), replay(False)
+    assert told[:2] == always[:2] and sum(map(len, told[0])) >= 10  # the same drafts and lookups; the copy drafted
+    assert always[2][0] == len(prompt) and told[2][0] > len(prompt)
+    assert len(told[2]) * 2 < len(always[2])
 
 
 def test_a_resting_batch_and_a_rows_spacing_wait_side_by_side():
@@ -722,10 +726,11 @@ def test_a_resting_batch_and_a_rows_spacing_wait_side_by_side():
     auto = AutoGamma(cost, first_probe=10**6)
     rows = [Row(j, [1000 * j, 1000 * j + 1], PromptLookupDrafter(), SamplingParams(temperature=0), auto, 10**6, None)
             for j in range(2)]
-    lookups, looked = [asked(row.drafter) for row in rows], []
+    looked = []
     for step in range(40):
+        before = [row.lookup_at for row in rows]
         propose(rows, 10**6, until_last=True)
-        now = [seen[-1:] == [len(row.context)] for seen, row in zip(lookups, rows)]
+        now = [row.lookup_at != at for row, at in zip(rows, before)]  # a row that looks sets its next lookup
         assert now[0] == now[1]
         looked.append(now[0])
         for row in rows:

@@ -93,11 +93,6 @@ class Rewrites:
         self.partial = self._pending = None
         self._judged = set()
 
-    @property
-    def idle(self) -> bool:
-        """Whether tracking the context would change nothing: no copy is aligned, and no proposal waits to be scored."""
-        return self.aligned is None and self._pending is None
-
     def track(self, context: list[int]) -> None:
         """Score the last proposal's rules by what was committed, then walk the alignment on: over copied
         tokens (where a rule's input is copied as it is, the rule declined after the token before it),

@@ -356,7 +356,8 @@ class SuffixDrafter:
 
     def _seen(self, context: list[int], o: int, n: int) -> bool:
         """Whether the context's trailing n-gram (order index o) occurred before, followed by a token: in the
-        index, or where the tokens since the last lookup (not indexed yet: `_cannot_match`) hold it."""
+        index, or among the tokens since the last lookup, not indexed yet (auto γ asks `seen_tail` instead of
+        looking up where it can tell that nothing is to be found: propose.cannot_match)."""
         if len(context) < n:
             return False
         gram = context[-n:]
@@ -364,19 +365,6 @@ class SuffixDrafter:
             return True
         indexed = len(self.index.docs[self._doc].tokens)
         return any(context[end - n:end] == gram for end in range(max(indexed, n), len(context)))
-
-    def _cannot_match(self, context: list[int]) -> bool:
-        """Whether a lookup surely finds no match of `shortest` tokens or more, told before the tokens since
-        the last lookup are indexed (they are at the next lookup that may find one): the context alone is
-        looked in, no copy is aligned with the prompt (`Rewrites.idle`), and its trailing n-gram of the
-        shortest order looked up never occurred (a longer match would end with it). Most lookups of short
-        answers and chat find nothing, and indexing a step's tokens was most of their cost."""
-        if self.store is not None or self.index is None or self.rewrites is None or not self.rewrites.idle:
-            return False
-        if self._indexed(context) is None:
-            return False
-        n = min(self.shortest, self.orders[0])
-        return n in self.orders and not self._seen(context, self.orders.index(n), n)
 
     def lookup(self, context: list[int]) -> tuple[SuffixIndex, Match] | None:
         """The best match of the context's tail among the drafter's sources, with the index holding it."""
@@ -395,10 +383,8 @@ class SuffixDrafter:
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None,
                 law=None) -> Proposal:
-        self.source = self.found = None
-        if k > 0 and self._cannot_match(context):
-            return Proposal.empty()
         self.sync(context)
+        self.source = self.found = None
         if k <= 0:
             return Proposal.empty()
         best = self.lookup(context)

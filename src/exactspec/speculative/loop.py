@@ -259,10 +259,10 @@ class BatchDecoder:
     def _commit(self, rows: list[Row], drafts: list[Draft], emitted: list[list[int]], seconds: float) -> None:
         """The one commit: auto γ's T(B, k), then per row its feedback, tokens, law and stats (`emitted[j]`
         cut in place at EOS / max_new_tokens); then every row's cache rolled back to its accepted prefix."""
-        policy = next((r.gamma for r in rows if not isinstance(r.gamma, int)), None)
-        if policy is not None:  # T(B, k) is the target's: one observation serves every policy
-            policy.observe_step(max(len(d.ids) for d in drafts) + 1, seconds, len(rows),
-                                lengths=[len(d.ids) + 1 for d in drafts])
+        policy = rows[0].gamma if len(rows) == 1 else next((r.gamma for r in rows if not isinstance(r.gamma, int)), 0)
+        if not isinstance(policy, int):  # T(B, k) is the target's: one observation serves every policy
+            lengths = [len(d.ids) + 1 for d in drafts]
+            policy.observe_step(max(lengths), seconds, len(rows), lengths=lengths)
         self._keep = [len(row.context) + len(tokens) - 1 for row, tokens in zip(rows, emitted)]  # [A]
         for j, (row, d) in enumerate(zip(rows, drafts)):
             if row.error is None:

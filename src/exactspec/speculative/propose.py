@@ -14,7 +14,8 @@ from .sampling import SamplingParams
 
 def prepare(row: Row) -> None:
     """A row's set-up, before its prompt is prefilled: its drafter reads the prompt (`ReadsPrompt`), and auto
-    γ prices its first lookup at the prompt's depth and tells whether it can find anything (`first_lookup`).
+    γ prices its first lookup at the prompt's depth and tells whether it can find anything (`cannot_match`:
+    a chat prompt ends with its template's opening of the answer, which a single-turn prompt holds once).
     The first iteration then runs right after the prefill without them, when the prefill has left the CPU's
     caches cold for Python (its work runs ~3x slower there: docs/drafters.md). A failure here is the row's
     alone (`row.error`), as in `propose`."""
@@ -24,27 +25,31 @@ def prepare(row: Row) -> None:
         if row.own_copies:
             row.gamma.depth = len(row.prompt)
             price_lookup(row)
-            first_lookup(row)
+            cannot_match(row)
     except Exception as e:
         row.error = e
-
-
-def first_lookup(row: Row) -> None:
-    """The first iteration's lookup, decided before the prefill: where the prompt's trailing n-gram of the
-    shortest order looked up never occurred before it (a chat prompt ends with its template's opening of
-    the answer, which a single-turn prompt holds once), no match can be found, and the row's next lookup is
-    set as that lookup finding nothing would set it (`next_lookup`): the first iteration skips it."""
-    shortest = row.drafter.shortest
-    order = min(shortest, row.drafter.orders[0])
-    found = row.lookups.seen_tail(row.prompt, order + 1)
-    if found < order:
-        row.lookup_at = len(row.prompt) + max(1, shortest - found)
 
 
 def price_lookup(row: Row) -> None:
     """Tell a context-only copier's lookup the shortest match auto γ predicts to pay (`shortest_paying`,
     recalled between pricings): shorter ones are not looked for."""
     row.drafter.shortest = row.gamma.shortest_paying((("context", row.mode),), row.drafter.max_match)
+
+
+def cannot_match(row: Row) -> bool:
+    """Whether a context-only copier's lookup surely finds nothing: the context's trailing n-gram of the
+    shortest order it looks up never occurred before (`Lookups.seen_tail`; a copy aligned through the
+    prompt's rewrites counts as seen), and a longer match would end with it. Its next lookup is then set
+    as that lookup finding nothing sets it (`next_lookup`), and the drafter is not asked: most lookups of
+    chat and short answers find nothing, and the drafter's call (it indexes the tokens since its last
+    lookup) was most of their cost."""
+    shortest = row.drafter.shortest
+    order = min(shortest, row.drafter.orders[0])
+    found = row.lookups.seen_tail(row.context, order + 1)
+    if found >= order:
+        return False
+    row.lookup_at = len(row.context) + max(1, shortest - found)
+    return True
 
 
 def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
@@ -119,11 +124,14 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
         try:
             if bounded:
                 price_lookup(row)
-            proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
-            if proposal is not None:
-                proposal = before_eos(proposal, forced, eos)
-            if bounded:
-                next_lookup(row, proposal)
+            if bounded and cannot_match(row):
+                proposal, forced = None, 0
+            else:
+                proposal, forced = draft(row.drafter, wants[key], row.context, cap, row.params, row.generator, row.law)
+                if proposal is not None:
+                    proposal = before_eos(proposal, forced, eos)
+                if bounded:
+                    next_lookup(row, proposal)
         except Exception as e:  # a drafter's or a grammar's failure: this row alone fails (no drafts)
             row.error, proposal, forced = e, None, 0
         proposals.append((proposal, forced, time.perf_counter() - t, kind(row) if proposal is not None else None))
