@@ -24,8 +24,9 @@ KEPT = 8  # indexes kept at most (the most recently used stay)
 
 
 class PromptIndexes:
-    """The last few prompts' indexes (single documents), shared by an engine's drafters: `start` gives a generation a copy of the longest that its prompt begins with,
-    `keep` adds one. `reused`: prompt tokens that were copied instead of indexed, since the start."""
+    """The last few prompts' indexes (single documents), shared by an engine's drafters: `start` gives a
+    generation a copy of the longest its prompt begins with, `keep` adds one. `reused`: prompt tokens
+    copied instead of indexed, since the start."""
 
     def __init__(self, budget_mb: float = PROMPT_INDEX_MB, kept: int = KEPT) -> None:
         self.budget = int(budget_mb * 2**20) // BYTES_PER_TOKEN  # tokens, over every kept index
@@ -56,9 +57,9 @@ class PromptIndexes:
 
     def keep(self, index: SuffixIndex, doc: int) -> None:
         """Keep `index`, whose only document is `doc`, for later prompts that begin with its tokens (the
-        caller must not write it afterwards). Where a kept index holds the same tokens, that
-        one stays (as the most recently used); the least recently used go while more than `most`, or more
-        tokens than the budget, are kept."""
+        caller must not write it afterwards). Where a kept index holds the same tokens, that one stays (as
+        the most recently used); the least recently used go while more than `most`, or more tokens than
+        the budget, are kept."""
         tokens = index.docs[doc].tokens
         if not tokens or len(tokens) > self.budget or len(index.docs) != 1:
             return
