@@ -18,7 +18,8 @@ import types
 
 from exactspec.bench.agent import load_agent_workload
 from exactspec.device import cpu_label
-from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
+from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter
+from exactspec.drafters.suffix_index import SuffixIndex
 from exactspec.models.torch_hf import load_tokenizer
 from exactspec.embedded import embedded_model_path
 from exactspec.speculative.sampling import SamplingParams

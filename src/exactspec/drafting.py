@@ -13,7 +13,8 @@ from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NGramDrafter
 from .drafters.prompt_indexes import PromptIndexes
-from .drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
+from .drafters.suffix import PromptLookupDrafter, SuffixDrafter
+from .drafters.suffix_index import SuffixIndex
 from .drafters.source import read_source
 from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM

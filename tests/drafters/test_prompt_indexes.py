@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 
 from exactspec.drafters.prompt_indexes import PromptIndexes
-from exactspec.drafters.suffix import BYTES_PER_TOKEN, PromptLookupDrafter, SuffixDrafter, SuffixIndex
+from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter
+from exactspec.drafters.suffix_index import BYTES_PER_TOKEN, SuffixIndex
 from exactspec.speculative.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)

@@ -587,7 +587,8 @@ def replay_lookups(extra_per_token: float, text: list[int], pays_from: int
     """A prompt-lookup row under auto γ (T(k) = 1 + extra_per_token·(k-1), frozen, no probes) fed `text`
     token by token -> per step: whether it looked up, whether a full lookup finds a match of `pays_from`+
     tokens (checked: the shortest auto γ prices as paying), whether the context's last token was new."""
-    from exactspec.drafters.suffix import PromptLookupDrafter, SuffixIndex
+    from exactspec.drafters.suffix import PromptLookupDrafter
+    from exactspec.drafters.suffix_index import SuffixIndex
     from exactspec.speculative.propose import propose
     from exactspec.speculative.rows import Row
     from exactspec.speculative.sampling import SamplingParams

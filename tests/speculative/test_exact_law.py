@@ -27,7 +27,8 @@ import torch
 
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
-from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
+from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter
+from exactspec.drafters.suffix_index import SuffixIndex
 from exactspec.speculative.law import Penalties, TargetLaw
 from exactspec.speculative.loop import decode_batch
 from exactspec.speculative.sampling import SamplingParams, warp

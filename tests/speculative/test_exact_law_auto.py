@@ -38,7 +38,8 @@ from exactspec.drafters import auto as auto_module
 from exactspec.drafters.auto import AutoDrafter, DraftBandit
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
-from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter, SuffixIndex
+from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter
+from exactspec.drafters.suffix_index import SuffixIndex
 from exactspec.speculative.acceptance import COPY_PRIOR, Acceptance
 from exactspec.speculative.auto_gamma import AutoGamma
 from exactspec.speculative.costs import CostModel

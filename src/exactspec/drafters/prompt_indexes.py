@@ -1,6 +1,6 @@
 """Recent prompts' indexes, so that a request whose prompt begins with one of them indexes only the rest.
 
-Prompt lookup indexes every prompt token before decoding (drafters/suffix.py: one hash-table write per
+Prompt lookup indexes every prompt token before decoding (drafters/suffix_index.py: one hash-table write per
 n-gram order a token), which an agent pays for its whole conversation at every step: the next step's
 prompt is the last one's, its answer and a tool's result. A request's samples, and the runs of
 `--compare`, send one prompt several times. `PromptIndexes` keeps the indexes of the last few prompts
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 
-from .suffix import BYTES_PER_TOKEN, SuffixIndex
+from .suffix_index import BYTES_PER_TOKEN, SuffixIndex
 
 PROMPT_INDEX_MB = 16  # the most the kept indexes may hold together (at BYTES_PER_TOKEN a token)
 KEPT = 8  # indexes kept at most (the most recently used stay)
