@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 import torch
 
-from exactspec.drafters.suffix import LEAD_IN, PromptLookupDrafter, SuffixDrafter
+from exactspec.drafters.suffix import CATCH_UP, LEAD_IN, PromptLookupDrafter, SuffixDrafter
 from exactspec.drafters.suffix_index import BYTES_PER_TOKEN, SuffixIndex
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.speculative.loop import decode_batch
@@ -22,12 +22,12 @@ from ..helpers.laws import LENGTH, PROMPT, chi_square_p, exact_law
 GREEDY = SamplingParams(temperature=0)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_seen_tail_counts_the_tokens_since_the_last_lookup(seed):
+@pytest.mark.parametrize("seed,asked", [(seed, asked) for seed in range(3) for asked in (0.3, 0.03)])
+def test_seen_tail_counts_the_tokens_since_the_last_lookup(seed, asked):
     """`SuffixDrafter.seen_tail` of a drafter not asked to propose for several tokens (auto γ asks it
-    instead of looking up where nothing can be found: propose.cannot_match), whose index lags the context:
-    the same as a drafter asked at every token, over texts that copy themselves (no rewrites: a copy aligned
-    through them is seen whatever the index holds)."""
+    instead of looking up where nothing can be found: propose.cannot_match), whose index lags the context
+    (past CATCH_UP tokens it indexes them): the same as a drafter asked at every token, over texts that copy
+    themselves (no rewrites: a copy aligned through them is seen whatever the index holds)."""
     rng = random.Random(seed)
     base = [rng.randrange(15) for _ in range(50)]
     text = base + [rng.randrange(15) if rng.random() < 0.25 else t for t in base]
@@ -39,11 +39,12 @@ def test_seen_tail_counts_the_tokens_since_the_last_lookup(seed):
     for end in range(21, len(text) + 1):
         context = text[:end]
         synced.propose(context, 8, GREEDY, None)
-        if rng.random() < 0.3:
+        if rng.random() < asked:
             lagging.propose(context, 8, GREEDY, None)
         behind += lagging.index.length(lagging._doc) < len(context) - 1
         for below in (1, 2, 3, 4):
             assert lagging.seen_tail(context, below) == synced.seen_tail(context, below), (end, below)
+        assert len(context) - lagging.index.length(lagging._doc) <= CATCH_UP
     assert behind >= 20
 
 

@@ -23,6 +23,7 @@ from .rewrites import Rewrites
 from .suffix_index import MAX_MATCH, ORDERS, Match, SuffixIndex
 
 LEAD_IN = 8  # prompt tokens stored before a request's output, so that its first tokens can match
+CATCH_UP = 16  # tokens not indexed yet that `seen_tail` scans; past them it indexes them (`_seen`)
 
 
 class SuffixDrafter:
@@ -130,13 +131,17 @@ class SuffixDrafter:
     def _seen(self, context: list[int], o: int, n: int) -> bool:
         """Whether the context's trailing n-gram (order index o) occurred before, followed by a token: in the
         index, or among the tokens since the last lookup, not indexed yet (auto γ asks `seen_tail` instead of
-        looking up where it can tell that nothing is to be found: propose.cannot_match)."""
+        looking up where it can tell that nothing is to be found: propose.cannot_match). More than CATCH_UP
+        of those are indexed first (a long answer whose lookups all find nothing would rescan them all)."""
         if len(context) < n:
             return False
         gram = context[-n:]
+        indexed = len(self.index.docs[self._doc].tokens)
+        if len(context) - indexed > CATCH_UP and self._indexed(context) is not None:
+            self.index.extend(self._doc, context[indexed:])  # the rewrites follow at the next lookup (`sync`)
+            indexed = len(context)
         if hash(tuple(gram)) in self.index.heads[o]:
             return True
-        indexed = len(self.index.docs[self._doc].tokens)
         return any(context[end - n:end] == gram for end in range(max(indexed, n), len(context)))
 
     def lookup(self, context: list[int]) -> tuple[SuffixIndex, Match] | None:
