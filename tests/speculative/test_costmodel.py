@@ -575,8 +575,8 @@ def test_measured_costs_charge_a_change_of_shape(tiny_target):
 
 
 def asked(drafter) -> list[int]:
-    """The context lengths `drafter` is asked to propose at, from now on (a lookup: a drafter that can tell
-    at once that nothing is to be found does not even index the tokens since its last lookup)."""
+    """The context lengths `drafter` is asked to propose at, from now on (auto γ does not ask it where it
+    can tell that nothing is to be found: propose.cannot_match)."""
     lengths, lookup = [], drafter.propose
     drafter.propose = lambda *args, **kwargs: lengths.append(len(args[0])) or lookup(*args, **kwargs)
     return lengths

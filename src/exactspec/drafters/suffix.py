@@ -23,7 +23,7 @@ from .rewrites import Rewrites
 from .suffix_index import MAX_MATCH, ORDERS, Match, SuffixIndex
 
 LEAD_IN = 8  # prompt tokens stored before a request's output, so that its first tokens can match
-CATCH_UP = 16  # tokens not indexed yet that `seen_tail` scans; past them it indexes them (`_seen`)
+CATCH_UP = 16  # tokens not indexed yet that `seen_tail` scans; past them it indexes them (`_caught_up`)
 
 
 class SuffixDrafter:
@@ -122,24 +122,30 @@ class SuffixDrafter:
             return below - 1
         seen = 0
         if self.index is not None:
-            seen = next((n for o, n in enumerate(self.orders) if n < below and self._seen(context, o, n)), 0)
+            indexed = self._caught_up(context)
+            seen = next((n for o, n in enumerate(self.orders) if n < below and self._seen(context, o, n, indexed)), 0)
         if self.store is not None:
             with self.store.lock:
                 seen = max(seen, self.store.seen_tail(context, below))
         return seen
 
-    def _seen(self, context: list[int], o: int, n: int) -> bool:
+    def _caught_up(self, context: list[int]) -> int:
+        """How many of `context`'s tokens the index holds, after indexing those since the last lookup where
+        they are more than CATCH_UP (a long answer whose lookups all find nothing would rescan them all at
+        every step: `_seen`); the rewrites follow them at the next lookup (`sync`)."""
+        indexed = len(self.index.docs[self._doc].tokens)
+        if len(context) - indexed > CATCH_UP and self._indexed(context) is not None:
+            self.index.extend(self._doc, context[indexed:])
+            indexed = len(context)
+        return indexed
+
+    def _seen(self, context: list[int], o: int, n: int, indexed: int) -> bool:
         """Whether the context's trailing n-gram (order index o) occurred before, followed by a token: in the
-        index, or among the tokens since the last lookup, not indexed yet (auto γ asks `seen_tail` instead of
-        looking up where it can tell that nothing is to be found: propose.cannot_match). More than CATCH_UP
-        of those are indexed first (a long answer whose lookups all find nothing would rescan them all)."""
+        index, or among the context's tokens from `indexed` on, not indexed yet (auto γ asks `seen_tail`
+        instead of looking up where it can tell that nothing is to be found: propose.cannot_match)."""
         if len(context) < n:
             return False
         gram = context[-n:]
-        indexed = len(self.index.docs[self._doc].tokens)
-        if len(context) - indexed > CATCH_UP and self._indexed(context) is not None:
-            self.index.extend(self._doc, context[indexed:])  # the rewrites follow at the next lookup (`sync`)
-            indexed = len(context)
         if hash(tuple(gram)) in self.index.heads[o]:
             return True
         return any(context[end - n:end] == gram for end in range(max(indexed, n), len(context)))

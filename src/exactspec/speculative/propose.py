@@ -43,12 +43,11 @@ def cannot_match(row: Row) -> bool:
     as that lookup finding nothing sets it (`next_lookup`), and the drafter is not asked: most lookups of
     chat and short answers find nothing, and the drafter's call (it indexes the tokens since its last
     lookup) was most of their cost."""
-    shortest = row.drafter.shortest
-    order = min(shortest, row.drafter.orders[0])
+    order = min(row.drafter.shortest, row.drafter.orders[0])
     found = row.lookups.seen_tail(row.context, order + 1)
     if found >= order:
         return False
-    row.lookup_at = len(row.context) + max(1, shortest - found)
+    look_again(row, found)
     return True
 
 
@@ -161,12 +160,16 @@ def next_lookup(row: Row, proposal: Proposal | None) -> None:
     chat's steps). Where only long matches pay, or the answer's words are new, steps then skip the lookup
     and its pricing. Drafts never change what is emitted, only how fast: a match the bound misses (an
     occurrence beyond the index's CHAIN walked) costs speed."""
-    shortest = row.drafter.shortest
     if proposal is not None and proposal.match:
-        found = proposal.match
+        look_again(row, proposal.match)
     else:
-        found = row.lookups.seen_tail(row.context, min(shortest, row.drafter.orders[0]))
-    row.lookup_at = len(row.context) + max(1, shortest - found)
+        look_again(row, row.lookups.seen_tail(row.context, min(row.drafter.shortest, row.drafter.orders[0])))
+
+
+def look_again(row: Row, found: int) -> None:
+    """The row's next lookup, from the match of `found` tokens its context's tail has now: once the
+    context has grown enough for it to reach the shortest length that pays (`next_lookup`)."""
+    row.lookup_at = len(row.context) + max(1, row.drafter.shortest - found)
 
 
 def kind(row: Row) -> tuple | None:
