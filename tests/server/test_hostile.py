@@ -502,6 +502,20 @@ def test_seed_reproducibility_is_announced(api):
     assert lenient["speculative"]["reproducible"] is False
 
 
+def test_a_budget_past_the_context_is_clamped_on_every_door(llama_cpp_api):
+    """`max_tokens` far past a 1,024-token context (agent CLIs send 32,000): clamped to what the context
+    leaves, never refused, through the chat and Messages doors alike."""
+    need("llama_cpp")
+    body = {"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 100_000, "temperature": 0,
+            "stop": ["\n"]}
+    r = post(llama_cpp_api, body)
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["usage"]["completion_tokens"] < 1024
+    r = httpx.post(llama_cpp_api.base + "/v1/messages", json={**body, "max_tokens": 32_000, "stop_sequences": ["\n"]},
+                   timeout=300)
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] < 1024, r.text[:300]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_prompt_past_the_context_is_a_400_naming_both(llama_cpp_api, stream):
     """A 1,024-token context (`--ctx-size 1024`): a longer prompt is refused with both numbers, streamed or

@@ -222,7 +222,6 @@ LONG_PROMPT = "word " * 9000  # > 8192 tokens
     (TEXT, {"prompt": ["one", "two"]}, "prompt"),
     (TEXT, {"prompt": "hi", "max_tokens": "4"}, "max_tokens"),
     (TEXT, {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-    (TEXT, {"prompt": "hi", "max_tokens": 100_000}, "max_tokens"),
     (TEXT, {"prompt": "hi", "temperature": -1}, "temperature"),
     (TEXT, {"prompt": "hi", "temperature": "hot"}, "temperature"),
     (TEXT, {"prompt": "hi", "top_p": 1.5}, "top_p"),
@@ -331,7 +330,7 @@ async def _stream_chat(client: httpx.AsyncClient) -> dict:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         async for line in r.aiter_lines():
-            if line:
+            if line and not line.startswith(":"):  # an SSE comment: the keep-alive of a slow first token
                 assert line.startswith("data: ")
                 events.append(line[len("data: "):])
     chunks = [json.loads(e) for e in events[:-1]]

@@ -199,7 +199,6 @@ BAD = [
     ("/v1/responses", {"input": [{"role": "wizard", "content": "hi"}]}),
     ("/v1/responses", {"input": [{"type": "function_call", "name": "f"}]}),
     ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": 3, "output": "x"}]}),
-    ("/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}]}),
     ("/v1/responses", {"input": "hi", "tools": "all"}),
     ("/v1/responses", {"input": "hi", "tools": [FLAT_TOOL], "tool_choice": {"type": "function", "name": "nope"}}),
     ("/v1/responses", {"input": "hi", "tool_choice": {"type": "allowed_tools"}}),
@@ -212,6 +211,7 @@ BAD = [
     ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}]}),
     ("/v1/messages", {"max_tokens": 8, "messages": []}), ("/v1/messages", {"max_tokens": 8, "messages": "hi"}),
     ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "system", "content": "hi"}]}),
+    ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "tool", "content": "hi"}]}),
     ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": 5}]}),
     ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
     ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a"}]}]}),
@@ -220,8 +220,6 @@ BAD = [
     ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "a", "content": [{"type": "image"}]}]}]}),
     ("/v1/messages", {"max_tokens": 8, "system": 5, "messages": [{"role": "user", "content": "hi"}]}),
-    ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
-                      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
     ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "tools": [CLAUDE_TOOL],
                       "tool_choice": {"type": "sometimes"}}),
     ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "tools": [CLAUDE_TOOL],
@@ -263,3 +261,53 @@ def test_the_key_comes_from_a_flag_a_file_or_the_environment(tmp_path, monkeypat
             read_key(*bad)
     assert loopback("127.0.0.1") and loopback("::1") and loopback("localhost")
     assert not loopback("0.0.0.0") and not loopback("192.0.2.7") and not loopback("myhost")
+
+
+def test_a_mid_conversation_system_message_is_rendered_where_it_stands(api):
+    """Claude Code's `role: "system"` inside `messages` (and Codex's `developer` items): accepted, and
+    rendered in place, so the same conversation through the chat door is the same prompt; the streamed
+    `message_start` carries that prompt's real token count."""
+    turns = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "Sunny."},
+             {"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "And Rome?"}]
+    chat = api.openai.chat.completions.create(model=MODEL, max_tokens=4, messages=turns, **GREEDY)
+    message = api.claude.messages.create(model=MODEL, max_tokens=4, extra_body=GREEDY, messages=[
+        *turns[:2], {"role": "system", "content": [{"type": "text", "text": "Answer in one word."},
+                                                   {"type": "tool_addition", "tools": []}]}, turns[3]])
+    response = api.openai.responses.create(model=MODEL, max_output_tokens=4, **GREEDY, input=[
+        *turns[:2], {"type": "message", "role": "developer", "content": [{"type": "input_text",
+                                                                         "text": "Answer in one word."}]}, turns[3]])
+    assert chat.usage.prompt_tokens == message.usage.input_tokens == response.usage.input_tokens
+    assert chat.choices[0].message.content == message.content[0].text == response.output_text
+    started = events(api.base, "/v1/messages", {"model": MODEL, "max_tokens": 2, "stream": True, **GREEDY,
+                                                "messages": turns})
+    assert started[0][1]["message"]["usage"]["input_tokens"] == chat.usage.prompt_tokens
+
+
+def test_what_agent_clis_send_is_served_not_refused(api):
+    """The fields and tool types the coding-agent CLIs send (../shared/notes/agent-requests.md): hosted
+    tools, namespace groups, custom tools, reasoning items, beta query strings and headers, thinking,
+    context management, cache_control, deferred tools, an output budget far past the context: a 200."""
+    responses = {"model": MODEL, "stream": False, "store": False, "include": ["reasoning.encrypted_content"],
+                 "reasoning": {"summary": "auto"}, "prompt_cache_key": "s1", "client_metadata": {"x": "1"},
+                 "parallel_tool_calls": True, "tool_choice": "auto", "max_output_tokens": 4, **GREEDY,
+                 "tools": [FLAT_TOOL, {"type": "web_search", "external_web_access": False},
+                           {"type": "namespace", "name": "agents", "description": "Sub-agents.",
+                            "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object"}}]},
+                           {"type": "custom", "name": "apply_patch", "format": {"type": "text"}}],
+                 "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+                           {"type": "reasoning", "summary": [], "encrypted_content": "x"},
+                           {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}]}
+    r = httpx.post(api.base + "/v1/responses", json=responses, headers={"authorization": f"Bearer {KEY}"}, timeout=120)
+    assert r.status_code == 200, r.text[:400]
+    messages = {"model": MODEL, "max_tokens": 32000, "stream": False, **GREEDY,
+                "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+                "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
+                "output_config": {"effort": "high"}, "metadata": {"user_id": "{}"},
+                "tools": [{**CLAUDE_TOOL, "defer_loading": True, "cache_control": {"type": "ephemeral"}},
+                          {"type": "web_search_20250305", "name": "web_search"}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi.",
+                                                           "cache_control": {"type": "ephemeral"}}]}]}
+    r = httpx.post(api.base + "/v1/messages?beta=true", json=messages, timeout=300,
+                   headers={"x-api-key": KEY, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"})
+    assert r.status_code == 200, r.text[:400]
+    assert r.json()["usage"]["output_tokens"] >= 1

@@ -3,13 +3,16 @@ chat request, the chat-shaped result -> a `message` object or that API's stream 
 and its error object.
 
 Read: `system` (a string or text blocks), `messages` with string or block content (`text`, `tool_use`,
-`tool_result` with string or text-block content and `is_error`; `thinking` blocks are skipped), `tools`
-(`input_schema`), `tool_choice` (`auto` / `any` / `tool` / `none`, `disable_parallel_tool_use`),
+`tool_result` with string or text-block content and `is_error`; `thinking` blocks are skipped), `system`
+(and `developer`) messages inside `messages` (Anthropic's mid-conversation system messages: rendered where
+they stand, so the prefix before them stays cached; their `tool_addition` / `tool_removal` blocks and any
+other non-text block of a system prompt are passed over), `tools` (`input_schema`; `defer_loading` and
+`cache_control` ignored; server tools such as web search are left out), `tool_choice` (`auto` / `any` / `tool` / `none`, `disable_parallel_tool_use`),
 `stop_sequences`, `max_tokens` (required, as the API has it), `stream`, and the sampling fields
 `temperature` (default 1.0, the API's), `top_p`, `top_k` -- the current `anthropic` SDK has no keywords
 for our extensions (`min_p`, `seed`, `gamma`, ...): send them in the body (`extra_body`). Ignored:
-`metadata`, `thinking`, `service_tier`, `cache_control` marks, `container`, `mcp_servers`. Refused (400):
-images, documents, server tools (web search, code execution, ...).
+`metadata`, `thinking`, `service_tier`, `cache_control` marks, `container`, `mcp_servers`,
+`context_management`, `output_config`. Refused (400): images and documents.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def to_chat(body: dict, counting: bool = False) -> dict:
     if "stop_sequences" in body:
         chat["stop"] = body["stop_sequences"]
     system = body.get("system")
-    messages = [{"role": "system", "content": _blocks_text(system, "system")}] if system else []
+    messages = [{"role": "system", "content": _blocks_text(system, "system", lenient=True)}] if system else []
     chat["messages"] = messages + chat_messages(body.get("messages"))
     if body.get("tools"):
         chat["tools"] = chat_tools(body["tools"])
@@ -62,9 +65,12 @@ def chat_messages(messages) -> list[dict]:
     for i, message in enumerate(messages):
         where = f"messages.{i}"
         role = message.get("role") if isinstance(message, dict) else None
-        if role not in ("user", "assistant"):
-            raise ApiError(400, f"{where}.role: must be user or assistant, got {role!r}", f"{where}.role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise ApiError(400, f"{where}.role: must be user, assistant or system, got {role!r}", f"{where}.role")
         content = message.get("content")
+        if role in ("system", "developer"):  # a mid-conversation system message: rendered where it stands
+            out.append({"role": "system", "content": _blocks_text(content, f"{where}.content", lenient=True)})
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -99,10 +105,14 @@ def chat_messages(messages) -> list[dict]:
             if calls:
                 entry["tool_calls"] = calls
             out.append(entry)
+    if all(m["role"] == "system" for m in out):
+        raise ApiError(400, "messages: at least one user or assistant message is required", "messages")
     return out
 
 
-def _blocks_text(content, where: str) -> str:
+def _blocks_text(content, where: str, lenient: bool = False) -> str:
+    """Text blocks joined. `lenient` (a system message's): blocks of other types (`tool_addition`,
+    `tool_removal`, ...) carry no text for the model and are passed over; elsewhere they are refused."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -111,6 +121,8 @@ def _blocks_text(content, where: str) -> str:
     for j, block in enumerate(content):
         if not isinstance(block, dict) or block.get("type") != "text":
             kind = block.get("type") if isinstance(block, dict) else None
+            if lenient and isinstance(block, dict):
+                continue
             raise ApiError(400, f"{where}.{j}.type: {kind!r} blocks are not supported: this server reads text only",
                            f"{where}.{j}.type")
         parts.append(string_field(block, "text", f"{where}.{j}"))
@@ -123,10 +135,12 @@ def chat_tools(tools) -> list[dict]:
         raise ApiError(400, "tools: must be a list", "tools")
     out = []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom" or "input_schema" not in tool:
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise ApiError(400, f"tools.{i}: only custom tools with an input_schema are supported (got type {kind!r})",
-                           f"tools.{i}")
+        if not isinstance(tool, dict):
+            raise ApiError(400, f"tools.{i}: must be an object", f"tools.{i}")
+        if tool.get("type", "custom") != "custom":  # a server tool (web search, code execution, ...): not run here
+            continue
+        if "input_schema" not in tool:
+            raise ApiError(400, f"tools.{i}: a custom tool needs an input_schema", f"tools.{i}.input_schema")
         function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
@@ -184,10 +198,14 @@ class MessagesDoor:
     def whole(self, chat: dict, results: list[GenerationResult]) -> dict:
         return self.message(chat_output(chat), chat["usage"], results[0], chat.get("speculative"))
 
-    def opening(self) -> list[str]:
+    def opening(self, prompt_tokens: int) -> list[str]:
         start = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                 "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+                 "stop_reason": None, "stop_sequence": None,
+                 "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
         return [event("message_start", {"type": "message_start", "message": start})]
+
+    def keepalive(self) -> list[str]:
+        return [event("ping", {"type": "ping"})]
 
     def chunk(self, chunk: dict) -> list[str]:
         events: list[str] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from ..errors import ExactSpecError
 from . import anthropic_messages, openai_responses
 from .auth import ApiKey
 from .body_limit import BodyLimit, unparsable
-from .doors import ChatDoor, Door, stop_sequence
+from .doors import ChatDoor, Door, check_text, stop_sequence
 from .families import tool_format
 from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
@@ -47,6 +48,9 @@ CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 RESPONSES, MESSAGES = openai_responses.ENDPOINT, anthropic_messages.ENDPOINT
 ENDPOINTS = (CHAT, TEXT, RESPONSES, MESSAGES)  # counted by /metrics per endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the response was complete
+STOP_S = 1.0  # on SIGTERM, how long the worker's current step may take to end
+FIRST_EVENT_S, KEEPALIVE_S = 0.5, 5.0  # a stream starts by then, and shows life this often (a long prefill)
+KEEPALIVE = -1  # the index of a keep-alive among a stream's (index, piece) events
 T = TypeVar("T")
 
 
@@ -67,12 +71,13 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         routes.preparer.start()
         routes.worker.start()
         yield
-        routes.worker.stop()
+        routes.worker.stop(STOP_S)  # a running prefill's chunk may outlast it: the process ends all the same
         routes.preparer.stop()
         cache = engine.prefix_cache
         if cache is not None and cache.spill is not None:
             cache.spill.flush()  # snapshots still being written reach the disk before the process ends
-        routes.worker.save_costs()  # T(k) as serving refined it (a quiet machine's): the next start's
+        if not routes.worker.alive:
+            routes.worker.save_costs()  # T(k) as serving refined it (a quiet machine's): the next start's
 
     app = FastAPI(title="exactspec", summary="exact speculative decoding, OpenAI-compatible", lifespan=lifespan)
     app.state.engine, app.state.worker, app.state.metrics, app.state.routes = engine, routes.worker, metrics, routes
@@ -97,6 +102,7 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
     app.post(RESPONSES)(routes.responses)
     app.post(RESPONSES + "/input_tokens")(routes.response_input_tokens)
     app.get(RESPONSES + "/{response_id}")(routes.stored_response)
+    app.delete(RESPONSES + "/{response_id}")(routes.delete_response)
     app.post(MESSAGES)(routes.messages)
     app.post(anthropic_messages.COUNT)(routes.count_message_tokens)
     app.get("/v1/models")(routes.models)
@@ -115,6 +121,13 @@ class Routes:
         self.preparer = Preparer()
         self.store = openai_responses.ResponseStore()
         self.started = int(time.time())
+        self.said: set[str] = set()
+
+    def say_once(self, what: str, names: list[str]) -> None:
+        """One log line per name the server has not named before (a skipped tool type, an ignored field)."""
+        if new := [n for n in dict.fromkeys(names) if n not in self.said]:
+            self.said.update(new)
+            print(f"exactspec: {what}: {', '.join(new)}", file=sys.stderr, flush=True)
 
     # --- errors --------------------------------------------------------------------------------
     def error_shape(self, path: str, error: ApiError) -> dict:
@@ -152,20 +165,27 @@ class Routes:
 
     async def responses(self, body: dict, request: Request) -> Response:
         """OpenAI Responses (openai_responses.py): one translator, the chat request, behind it."""
-        chat, conversation = openai_responses.to_chat(body, self.store)
-        door = openai_responses.ResponsesDoor(body, conversation, self.store, self.model_name)
+        check_text(body)
+        chat, conversation, tools = openai_responses.to_chat(body, self.store)
+        self.say_once("tools this server does not run, left out of the prompt", tools.skipped)
+        door = openai_responses.ResponsesDoor(body, conversation, self.store, self.model_name, tools)
         return await self.through(request, chat, RESPONSES, door)
 
     async def response_input_tokens(self, body: dict) -> dict:
         """The tokens a Responses request's prompt would have."""
-        chat, _ = openai_responses.to_chat({**body, "stream": False}, self.store)
+        chat, _, _ = openai_responses.to_chat({**body, "stream": False}, self.store)
         return {"object": "response.input_tokens", "input_tokens": await self.count(chat, RESPONSES)}
 
     async def stored_response(self, response_id: str) -> dict:
         return self.store.get(response_id)[0]
 
+    async def delete_response(self, response_id: str) -> dict:
+        self.store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
     async def messages(self, body: dict, request: Request) -> Response:
         """Anthropic Messages (anthropic_messages.py): one translator, the chat request, behind it."""
+        check_text(body)
         chat = anthropic_messages.to_chat(body)
         stops, tokenizer = chat.get("stop"), self.engine.tokenizer
         stops = [stops] if isinstance(stops, str) else stops or []
@@ -222,15 +242,16 @@ class Routes:
         """The streamed response, begun once the worker's first event is in: an error before it (the
         first step's: a grammar llguidance rejects on its first token) is a 4xx like the non-streamed
         request's, not a 200 with the error in-band."""
-        events = self.worker.generate_all(jobs)
+        events = _paced(self.worker.generate_all(jobs), FIRST_EVENT_S, KEEPALIVE_S)
         self.metrics.running.inc()
-        try:
+        try:  # the first step's error, if it comes within FIRST_EVENT_S, is a 4xx like a whole request's
             completed, first = await _unless_disconnected(request, anext(events))
         except Exception as e:
             raise _job_error(e) from None  # rendered and counted by the ApiError handler
         finally:
             self.metrics.running.dec()
         if not completed:
+            await events.aclose()
             self.metrics.observe_request(endpoint, CLIENT_CLOSED, time.perf_counter() - start)
             return Response(status_code=CLIENT_CLOSED)
         return StreamingResponse(self.stream(shapes, door, endpoint, jobs, start, _resumed(first, events)),
@@ -243,7 +264,7 @@ class Routes:
         self.metrics.running.inc()
         status = CLIENT_CLOSED  # until the closing events are on their way
         try:
-            for text in door.opening():
+            for text in door.opening(len(jobs[0].result.prompt_token_ids)):
                 yield text
             choices = [StreamedChoice(shapes, index) for index in range(len(jobs))]
             for choice in choices:
@@ -251,6 +272,10 @@ class Routes:
                     for text in door.chunk(chunk):
                         yield text
             async for index, piece in events:  # the samples' pieces, interleaved
+                if index == KEEPALIVE:  # a long prefill: the API's own sign of life
+                    for text in door.keepalive():
+                        yield text
+                    continue
                 choice = choices[index]
                 for chunk in choice.finish(jobs[index].result) if piece is None else choice.piece(piece):
                     for text in door.chunk(chunk):
@@ -341,6 +366,31 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> tuple[bo
     if not task.done() or task.cancelled():
         return False, None
     return True, task.result()  # re-raises a failed job's exception
+
+
+async def _paced(events: AsyncGenerator[T, None], first_s: float, every_s: float) -> AsyncGenerator[T, None]:
+    """`events`, with (KEEPALIVE, None) in between: after `first_s` without the first one, then after each
+    `every_s` without the next (a long prefill's stream starts and shows signs of life)."""
+    pending, wait_s = None, first_s
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=wait_s)
+            wait_s = every_s
+            if not done:
+                yield KEEPALIVE, None
+                continue
+            pending, finished = None, pending
+            try:
+                item = finished.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:  # the generator is running inside it: cancelled and awaited before it is closed
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        await events.aclose()
 
 
 async def _resumed(first: T, rest: AsyncGenerator[T, None]) -> AsyncIterator[T]:

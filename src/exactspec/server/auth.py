@@ -17,13 +17,12 @@ PUBLIC = ("/health",)
 ENV = "EXACTSPEC_API_KEY"
 
 
-def presented(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The key a request carries, or None."""
+def presented(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """The keys a request carries: its `x-api-key` and its Bearer token, each where present."""
     fields = dict(headers)
-    if (key := fields.get(b"x-api-key")) is not None:
-        return key
+    keys = [fields[b"x-api-key"]] if b"x-api-key" in fields else []
     scheme, _, token = fields.get(b"authorization", b"").partition(b" ")
-    return token.strip() if scheme.lower() == b"bearer" else None
+    return keys + ([token.strip()] if scheme.lower() == b"bearer" else [])
 
 
 class ApiKey:
@@ -35,8 +34,8 @@ class ApiKey:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC:
             return await self.app(scope, receive, send)
-        given = presented(scope.get("headers", []))
-        if given is not None and hmac.compare_digest(given, self.key):
+        matches = [hmac.compare_digest(given, self.key) for given in presented(scope.get("headers", []))]
+        if any(matches):  # each compared (constant time): an SDK's stray header never hides the right key
             return await self.app(scope, receive, send)
         status, body = self.refuse(scope["path"])
         await send({"type": "http.response.start", "status": status,
@@ -51,11 +50,14 @@ def read_key(key: str | None, key_file: str | None) -> str | None:
         raise ExactSpecError("give --api-key or --api-key-file, not both")
     if key_file is not None:
         try:
-            with open(key_file, encoding="utf-8") as f:
+            with open(key_file, encoding="utf-8-sig") as f:  # a byte-order mark (Windows editors) is not the key's
                 key = f.readline().strip()
         except OSError as e:
             raise ExactSpecError(f"cannot read --api-key-file {key_file}: {e.strerror}") from None
-    key = key if key is not None else os.environ.get(ENV) or None
+    if key is None and ENV in os.environ:  # set but empty fails closed: never "no key" by accident
+        key = os.environ[ENV].strip()
+        if not key:
+            raise ExactSpecError(f"${ENV} is set but empty: give a key, or unset it to serve without one")
     if key is not None and (not key or any(c.isspace() for c in key)):
         raise ExactSpecError("the API key must be non-empty and contain no spaces")
     return key

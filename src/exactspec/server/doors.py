@@ -9,7 +9,8 @@ non-streamed body `responses.Shapes` builds, or the chunks `streaming.StreamedCh
 its own API's body, server-sent events and error object.
 
     whole(chat, results)   -> the non-streamed body
-    opening()              -> events before the first chunk
+    opening(prompt_tokens) -> events before the first chunk (the prompt's token count: Messages reports it)
+    keepalive()            -> a sign of life while nothing else comes (a long prefill)
     chunk(chunk)           -> the events of one chat chunk
     closing(usage, results)-> the events after the last chunk (usage: the chat usage chunk's object)
     failure(error)         -> the events of an error once the stream has begun
@@ -18,6 +19,7 @@ its own API's body, server-sent events and error object.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -32,7 +34,9 @@ class Door(Protocol):
 
     def whole(self, chat: dict, results: list[GenerationResult]) -> dict: ...
 
-    def opening(self) -> list[str]: ...
+    def opening(self, prompt_tokens: int) -> list[str]: ...
+
+    def keepalive(self) -> list[str]: ...
 
     def chunk(self, chunk: dict) -> list[str]: ...
 
@@ -50,8 +54,11 @@ class ChatDoor:
     def whole(self, chat: dict, results: list[GenerationResult]) -> dict:
         return chat
 
-    def opening(self) -> list[str]:
+    def opening(self, prompt_tokens: int) -> list[str]:
         return []
+
+    def keepalive(self) -> list[str]:
+        return [KEEPALIVE_COMMENT]
 
     def chunk(self, chunk: dict) -> list[str]:
         return [sse(chunk)]
@@ -61,6 +68,27 @@ class ChatDoor:
 
     def failure(self, error: ApiError) -> list[str]:
         return [sse(error_body(error.message, error.param, error.code, error.type)), sse("[DONE]")]
+
+
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(value, where: str = "body") -> None:
+    """Refuse (400, naming the field) a string holding a lone surrogate anywhere in a JSON body: no text
+    encodes it, so a response echoing the field could not be written (found before any work is done)."""
+    if isinstance(value, str):
+        if SURROGATE.search(value):
+            raise ApiError(400, f"{where}: a string holds a lone surrogate (not valid Unicode text)", where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, where)
+            check_text(item, f"{where}.{key}" if where != "body" else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_text(item, f"{where}[{i}]")
+
+
+KEEPALIVE_COMMENT = ": keep-alive\n\n"  # an SSE comment: every client skips it
 
 
 def event(name: str, data: dict) -> str:

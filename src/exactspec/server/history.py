@@ -38,9 +38,33 @@ def knows_tools(template: str | None) -> bool:
 
 
 def for_template(messages: list[dict], template: str | None) -> list[dict]:
-    """`ChatCompletionRequest.chat()` messages -> the messages to render with `template`."""
+    """`ChatCompletionRequest.chat()` messages -> the messages to render with `template`. A `developer`
+    message is a system message where the template has no such role (OpenAI's newer name for it)."""
     render = _structured if knows_tools(template) else _as_text
-    return [render(m) for m in name_tool_results(messages)]
+    developer = bool(template) and "developer" in template
+    return [render(m if developer or m["role"] != "developer" else {**m, "role": "system"})
+            for m in name_tool_results(messages)]
+
+
+def fold_late_system(messages: list[dict]) -> list[dict]:
+    """For a template that renders a system message only first: each later one (a mid-conversation
+    system message) folded into the next user message's start, or, with none after it, the last one's end."""
+    out: list[dict] = []
+    pending: list[str] = []
+    for i, message in enumerate(messages):
+        if message["role"] == "system" and i > 0:
+            pending.append(message["content"])
+        elif message["role"] == "user" and pending:
+            out.append({**message, "content": "\n\n".join(pending + [message["content"]])})
+            pending = []
+        else:
+            out.append(message)
+    if pending:
+        users = [i for i, m in enumerate(out) if m["role"] == "user"]
+        if not users:
+            return messages
+        out[users[-1]] = {**out[users[-1]], "content": "\n\n".join([out[users[-1]]["content"]] + pending)}
+    return out
 
 
 def _arguments(text: str):

@@ -2,18 +2,20 @@
 result -> a `response` object or its typed stream events (doors.py), and the store behind
 `previous_response_id`.
 
-Read: `input` (a string, or items: messages with text parts, `function_call`, `function_call_output`;
-`reasoning` items are skipped), `instructions`, function `tools` (the flat shape), `tool_choice`,
-`text.format` (text / json_object / json_schema), `max_output_tokens`, `temperature`, `top_p`,
-`parallel_tool_calls`, `stream`, `store`, `previous_response_id`, and our extensions (`top_k`, `min_p`,
-`seed`, `gamma`, ...). Ignored: `metadata` (echoed), `user`, `include`, `reasoning`, `truncation`,
-`service_tier`, `prompt_cache_key`. Refused (400, naming the field): non-text content, hosted tools
-(web search, file search, ...), `item_reference` items.
+Read: `input` (a string, or items: messages with text parts, `function_call` and `custom_tool_call`
+(with their `namespace`), `function_call_output`, `custom_tool_call_output`; `reasoning` items are
+skipped), `instructions`, `tools` (function, namespace and custom tools: responses_tools.py; hosted tools
+are left out of the prompt and logged once), `tool_choice`, `text.format` (text / json_object /
+json_schema), `max_output_tokens`, `temperature`, `top_p`, `parallel_tool_calls`, `stream`, `store`,
+`previous_response_id`, and our extensions (`top_k`, `min_p`, `seed`, `gamma`, ...). Ignored: `metadata`
+(echoed), `user`, `include`, `reasoning`, `truncation`, `service_tier`, `prompt_cache_key`,
+`client_metadata`. Refused (400, naming the field): non-text content, `item_reference` items.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 import uuid
@@ -21,6 +23,7 @@ from collections import OrderedDict
 
 from ..generation import GenerationResult
 from .doors import Call, Output, chat_output, event, string_field
+from .responses_tools import CUSTOM_INPUT, Tools, custom_input, flat_name, read_tools
 from .translate import ApiError
 
 ENDPOINT = "/v1/responses"
@@ -45,6 +48,11 @@ class ResponseStore:
             while len(self._items) > self.entries:
                 self._items.popitem(last=False)
 
+    def delete(self, response_id: str) -> None:
+        with self._lock:
+            if self._items.pop(response_id, None) is None:
+                raise ApiError(404, f"no stored response with id {response_id!r}", "response_id", "not_found")
+
     def get(self, response_id: str) -> tuple[dict, list[dict]]:
         with self._lock:
             if response_id not in self._items:
@@ -55,8 +63,11 @@ class ResponseStore:
             return self._items[response_id]
 
 
-def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict]]:
-    """A Responses body -> (the chat completion request's body, the conversation without instructions)."""
+def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict], Tools]:
+    """A Responses body -> (the chat completion request's body, the conversation without instructions,
+    its tools as function tools and what their calls' names stand for)."""
+    if not isinstance(body.get("store", True), bool):
+        raise ApiError(400, "store must be true or false", "store")
     previous = body.get("previous_response_id")
     history = []
     if previous is not None:
@@ -74,16 +85,17 @@ def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict]]:
     chat["messages"] = ([{"role": "system", "content": instructions}] if instructions else []) + conversation
     if not chat["messages"]:
         raise ApiError(400, "input is empty: give a string or at least one item", "input")
-    if body.get("tools"):
-        chat["tools"] = chat_tools(body["tools"])
-    if "tool_choice" in body:
+    tools = read_tools(body["tools"]) if body.get("tools") else Tools()
+    if tools.chat:
+        chat["tools"] = tools.chat
+    if "tool_choice" in body and (tools.chat or not body.get("tools")):
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
     if (text := body.get("text")) is not None:
         if not isinstance(text, dict):
             raise ApiError(400, "text must be an object {\"format\": {...}}", "text")
         if (fmt := response_format(text.get("format"))) is not None:
             chat["response_format"] = fmt
-    return chat, conversation
+    return chat, conversation, tools
 
 
 def input_messages(items) -> list[dict]:
@@ -101,15 +113,21 @@ def input_messages(items) -> list[dict]:
         kind = item.get("type", "message")
         if kind == "message":
             messages.append(_message(item, where))
-        elif kind == "function_call":
-            call_id, name, arguments = (string_field(item, key, where) for key in ("call_id", "name", "arguments"))
+        elif kind in ("function_call", "custom_tool_call"):
+            call_id, name = string_field(item, "call_id", where), string_field(item, "name", where)
+            if kind == "custom_tool_call":
+                arguments = json.dumps({CUSTOM_INPUT: string_field(item, "input", where)}, ensure_ascii=False)
+            else:
+                arguments = string_field(item, "arguments", where)
+            namespace = item.get("namespace")
+            name = flat_name(namespace if isinstance(namespace, str) else None, name)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and (last.get("tool_calls") or not last["content"]):
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = string_field(item, "call_id", where)
             output = item.get("output")
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
@@ -149,21 +167,6 @@ def _text(parts, where: str) -> str:
 
 
 
-def chat_tools(tools) -> list[dict]:
-    """The flat function tools -> chat tools ({"type": "function", "function": {...}})."""
-    if not isinstance(tools, list):
-        raise ApiError(400, "tools must be a list", "tools")
-    out = []
-    for i, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise ApiError(400, f"tools[{i}].type {kind!r} is not supported: this server runs function tools only",
-                           f"tools[{i}].type")
-        out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")
-                                                     if k in tool and tool[k] is not None}})
-    return out
-
-
 def chat_tool_choice(choice):
     if choice is None or isinstance(choice, str):
         return choice
@@ -193,8 +196,10 @@ class ResponsesDoor:
     """The Responses API's shapes for one request (doors.Door); a completed response is stored for
     `previous_response_id` when the request's `store` is not false."""
 
-    def __init__(self, body: dict, conversation: list[dict], store: ResponseStore, model: str) -> None:
+    def __init__(self, body: dict, conversation: list[dict], store: ResponseStore, model: str,
+                 tools: Tools | None = None) -> None:
         self.body, self.conversation, self.store, self.model = body, conversation, store, model
+        self.tools = tools or Tools()
         self.id, self.created = f"resp_{uuid.uuid4().hex}", int(time.time())
         self.output = Output()
         self.items: list[dict] = []  # the stream's output items, as added
@@ -219,7 +224,9 @@ class ResponsesDoor:
             out["incomplete_details"] = {"reason": "max_output_tokens"}
         out["output"] = items
         cached = chat_usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
-        out["usage"] = {"input_tokens": chat_usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
+        written = chat_usage["prompt_tokens"] - cached  # the prefix cache keeps what was not read from it
+        out["usage"] = {"input_tokens": chat_usage["prompt_tokens"],
+                        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
                         "output_tokens": chat_usage["completion_tokens"],
                         "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": chat_usage["total_tokens"]}
         if speculative is not None:
@@ -231,11 +238,15 @@ class ResponsesDoor:
     # --- doors.Door ------------------------------------------------------------------------------
     def whole(self, chat: dict, results: list[GenerationResult]) -> dict:
         output = chat_output(chat)
-        return self.response(output, [_item(part) for part in output.parts], chat["usage"], chat.get("speculative"))
+        return self.response(output, [self._item(part) for part in output.parts], chat["usage"],
+                             chat.get("speculative"))
 
-    def opening(self) -> list[str]:
+    def opening(self, prompt_tokens: int) -> list[str]:
         start = self.skeleton("in_progress")
         return [self._event("response.created", response=start), self._event("response.in_progress", response=start)]
+
+    def keepalive(self) -> list[str]:
+        return [self._event("response.in_progress", response=self.skeleton("in_progress"))]
 
     def chunk(self, chunk: dict) -> list[str]:
         events: list[str] = []
@@ -254,13 +265,13 @@ class ResponsesDoor:
 
         def on_call(call: Call) -> None:
             events.extend(self._close())
-            self.items.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call.id,
-                               "name": call.name, "arguments": "", "status": "in_progress"})
+            self.items.append(self.tools.output_item(call.id, call.name, "", f"fc_{uuid.uuid4().hex}", "in_progress"))
             events.append(self._event("response.output_item.added", output_index=len(self.items) - 1,
                                       item=self.items[-1]))
 
         def on_arguments(call: Call, fragment: str) -> None:
-            events.append(self._event("response.function_call_arguments.delta", **self._where(), delta=fragment))
+            if self.items[-1]["type"] == "function_call":  # a custom tool's raw input is sent whole at its end
+                events.append(self._event("response.function_call_arguments.delta", **self._where(), delta=fragment))
 
         self.output.read(chunk, on_text, on_call, on_arguments)
         return events
@@ -292,23 +303,25 @@ class ResponsesDoor:
             item["content"] = [text]
             events = [self._event("response.output_text.done", **self._where(), content_index=0, text=part, logprobs=[]),
                       self._event("response.content_part.done", **self._where(), content_index=0, part=text)]
+        elif item["type"] == "custom_tool_call":
+            item["input"] = custom_input(part.arguments)
+            events = [self._event("response.custom_tool_call_input.delta", **self._where(), delta=item["input"]),
+                      self._event("response.custom_tool_call_input.done", **self._where(), input=item["input"])]
         else:
             item["arguments"] = part.arguments
-            events = [self._event("response.function_call_arguments.done", **self._where(), name=part.name,
+            events = [self._event("response.function_call_arguments.done", **self._where(), name=item["name"],
                                   arguments=part.arguments)]
         return events + [self._event("response.output_item.done", output_index=len(self.items) - 1, item=item)]
+
+    def _item(self, part: str | Call) -> dict:
+        if isinstance(part, str):
+            return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed", "role": "assistant",
+                    "content": [{"type": "output_text", "text": part, "annotations": []}]}
+        return self.tools.output_item(part.id, part.name, part.arguments, f"fc_{uuid.uuid4().hex}", "completed")
 
     def _event(self, kind: str, **data) -> str:
         self.sequence += 1
         return event(kind, {"type": kind, "sequence_number": self.sequence - 1, **data})
-
-
-def _item(part: str | Call) -> dict:
-    if isinstance(part, str):
-        return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": part, "annotations": []}]}
-    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": part.id, "name": part.name,
-            "arguments": part.arguments, "status": "completed"}
 
 
 def _assistant(output: Output) -> dict:

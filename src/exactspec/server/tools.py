@@ -175,7 +175,7 @@ def plan_tools(tools: list | None, tool_choice, family: Family | XmlFamily | Non
         grammar = family.grammar(schemas, mode, parallel, tokens)
         return ToolPlan(mode, list(schemas), {"type": "grammar", "grammar": grammar}, family=family, tools=tools,
                         schemas=schemas, shown={i: text for text, i in tokens.items()} if tokens else None)
-    listing = "\n".join(json.dumps({"name": n, "description": d, "parameters": p}) for n, (p, d) in functions.items())
+    listing = "\n".join(_listed(n, p, d) for n, (p, d) in functions.items())
     if choice not in ("auto", "required"):
         name = choice
         schema = {**functions[name][0], "x-guidance": JSON_OPTIONS}
@@ -193,6 +193,14 @@ def plan_tools(tools: list | None, tool_choice, family: Family | XmlFamily | Non
     prompt = (f'You may call one of these functions by replying {TAG}{{"name": ..., "arguments": {{...}}}}, '
               f"or answer in text.\n{listing}")
     return ToolPlan("auto", names, {"type": "grammar", "grammar": lark}, prompt)
+
+
+def _listed(name: str, parameters: dict, description: str) -> str:
+    """One tool's line of the generic format's listing: compact JSON, without what only a validator reads
+    (`$schema`, `$id`): the model reads the tool, the grammar holds it to its schema."""
+    shown = {k: v for k, v in parameters.items() if k not in ("$schema", "$id")}
+    return json.dumps({"name": name, "description": description, "parameters": shown}, ensure_ascii=False,
+                      separators=(",", ":"))
 
 
 def check_choice(tool_choice, names: list[str]) -> str:

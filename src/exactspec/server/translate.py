@@ -17,7 +17,7 @@ from ..speculative.params import POINT_MASS_DRAFTS
 from ..speculative.sampling import SamplingParams
 from ..detokenize import IncrementalText
 from .families import family_of, special_tokens
-from .history import for_template
+from .history import fold_late_system, for_template
 from .limits import check_constraint, check_stops
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .tools import ToolPlan, plan_tools
@@ -40,13 +40,12 @@ def plan_text(engine: Engine, body: CompletionRequest, max_tokens_default: int |
     the budget is OpenAI's 16, or with `openai_budget=False` a chat request's (the rest of the
     context, at most `max_tokens_default`: `exactspec batch`)."""
     budget = body.token_budget() if openai_budget or body.max_tokens is not None else None
-    return plan(engine, body, body.text(), False, budget, "prompt", "max_tokens", max_tokens_default=max_tokens_default)
+    return plan(engine, body, body.text(), False, budget, "prompt", max_tokens_default=max_tokens_default)
 
 
 def plan_chat(engine: Engine, body: ChatCompletionRequest,
               max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> tuple[list[Job], ToolPlan | None]:
     """A chat request's tools, messages (tool history included, see history.py) and jobs."""
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     template = getattr(engine.tokenizer, "chat_template", None)
     try:
         parallel = (body.model_extra or {}).get("parallel_tool_calls", True)
@@ -61,11 +60,11 @@ def plan_chat(engine: Engine, body: ChatCompletionRequest,
             messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + tools.system_prompt}
         else:
             messages.insert(0, {"role": "system", "content": tools.system_prompt})
-    return plan(engine, body, messages, None, body.token_budget(), "messages", param, tools, max_tokens_default), tools
+    return plan(engine, body, messages, None, body.token_budget(), "messages", tools, max_tokens_default), tools
 
 
 def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat_template: bool | None,
-         budget: int | None, prompt_param: str, budget_param: str, tools: ToolPlan | None = None,
+         budget: int | None, prompt_param: str, tools: ToolPlan | None = None,
          max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> list[Job]:
     """Check and tokenise a request; one job per sample, all sharing one Request."""
     sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
@@ -79,11 +78,12 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
         raise ApiError(400, str(e)) from None
     law = request_law(engine, body, tools)
     shown = tools.tools if tools is not None else None  # a tool family's template lays them out itself
-    ids = prompt_ids(engine, prompt, chat_template, budget, prompt_param, budget_param, shown)
+    ids = prompt_ids(engine, prompt, chat_template, prompt_param, shown)
     context = engine.target.max_length
     room = context - (len(engine.target.decoder_prompt) if engine.is_encoder_decoder else len(ids))
+    budget = min(budget, room) if budget else min(room, max_tokens_default or room)  # clamped, never refused
     try:
-        request = Request(params, law, budget or min(room, max_tokens_default or room), body.stop_list(), body.gamma)
+        request = Request(params, law, budget, body.stop_list(), body.gamma)
     except ExactSpecError as e:
         raise ApiError(400, str(e)) from None
     jobs = [Job(GenerationResult("", [], ids, "length"), request, seed=None if body.seed is None else body.seed + i)
@@ -93,25 +93,31 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
     return jobs
 
 
-def prompt_ids(engine: Engine, prompt: str | list[dict], chat_template: bool | None, budget: int | None,
-               prompt_param: str, budget_param: str, tools: list[dict] | None = None) -> list[int]:
-    """The prompt's token ids, checked to leave room in the context (and the budget to fit it). `tools`:
+def prompt_ids(engine: Engine, prompt: str | list[dict], chat_template: bool | None, prompt_param: str,
+               tools: list[dict] | None = None) -> list[int]:
+    """The prompt's token ids, checked to leave room in the context (a budget past it is clamped). `tools`:
     chat messages rendered with the template's own `tools` (a tool family's, families.py)."""
-    try:
+    def encode(prompt: str | list[dict]) -> list[int]:
         if tools:
-            ids = encode_chat(engine.tokenizer, prompt, tools)
-        else:
-            ids = engine.new_result(prompt, chat_template).prompt_token_ids
+            return encode_chat(engine.tokenizer, prompt, tools)
+        return engine.new_result(prompt, chat_template).prompt_token_ids
+
+    try:
+        try:
+            ids = encode(prompt)
+        except Exception:  # a template that takes no system message past the first: those folded, once more
+            if isinstance(prompt, str) or (folded := fold_late_system(prompt)) == prompt:
+                raise
+            ids = encode(folded)
     except Exception as e:  # ExactSpecError, or a chat template refusing the messages (jinja2 errors)
         raise ApiError(400, f"cannot encode the prompt: {e}", prompt_param) from None
     context = engine.target.max_length
     if not ids:
         raise ApiError(400, "the prompt is empty", prompt_param)
     if len(ids) >= context:
-        raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {context} tokens",
+        raise ApiError(400, f"prompt is too long: {len(ids)} tokens > {context - 1} maximum (the prompt has "
+                            f"{len(ids)} tokens; this model's context is {context} tokens)",
                        prompt_param, "context_length_exceeded")
-    if budget is not None and budget > context:
-        raise ApiError(400, f"{budget_param} is {budget}; this model's context is {context} tokens", budget_param)
     return ids
 
 

@@ -1,0 +1,87 @@
+"""The Responses API's tool types as an agent CLI sends them (shapes of ../shared/notes/agent-requests.md):
+namespace groups flattened and their calls given back under the client's own (namespace, name), custom
+tools as one-string functions given back as `custom_tool_call` items, hosted tools left out and named.
+Pure functions: no model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exactspec.server.openai_responses import ResponseStore, ResponsesDoor, input_messages, to_chat
+from exactspec.server.doors import Call
+from exactspec.server.responses_tools import read_tools
+from exactspec.server.translate import ApiError
+
+FUNCTION = {"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+GROUP = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+         "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object", "properties": {}}},
+                   {"type": "function", "name": "wait_agent", "parameters": {"type": "object", "properties": {}}}]}
+PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch"'}}
+HOSTED = [{"type": "web_search", "external_web_access": False}, {"type": "image_generation"},
+          {"type": "mcp", "server_label": "x"}, {"type": "some_future_tool"}]
+
+
+def test_an_agent_cli_s_tool_list_is_read_whole_never_refused():
+    tools = read_tools([FUNCTION, GROUP, PATCH, *HOSTED])
+    names = [t["function"]["name"] for t in tools.chat]
+    assert names == ["exec_command", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait_agent", "apply_patch"]
+    assert tools.namespaced == {"multi_agent_v1__spawn_agent": ("multi_agent_v1", "spawn_agent"),
+                                "multi_agent_v1__wait_agent": ("multi_agent_v1", "wait_agent")}
+    assert tools.skipped == ["web_search", "image_generation", "mcp", "some_future_tool"]
+    patch = tools.chat[-1]["function"]["parameters"]
+    assert patch["required"] == ["input"] and patch["properties"]["input"] == {"type": "string"}
+
+
+def test_a_call_goes_back_out_under_the_client_s_own_names():
+    tools = read_tools([FUNCTION, GROUP, PATCH])
+    grouped = tools.output_item("c1", "multi_agent_v1__wait_agent", "{}", "fc_1", "completed")
+    assert (grouped["type"], grouped["name"], grouped["namespace"]) == ("function_call", "wait_agent", "multi_agent_v1")
+    plain = tools.output_item("c2", "exec_command", '{"cmd":"ls"}', "fc_2", "completed")
+    assert "namespace" not in plain and plain["arguments"] == '{"cmd":"ls"}'
+    raw = tools.output_item("c3", "apply_patch", json.dumps({"input": "*** Begin Patch\n"}), "fc_3", "completed")
+    assert raw["type"] == "custom_tool_call" and raw["input"] == "*** Begin Patch\n" and "arguments" not in raw
+
+
+def test_a_later_turn_s_calls_render_under_the_names_the_model_was_shown():
+    items = [{"type": "message", "role": "user", "content": "go"},
+             {"type": "function_call", "call_id": "a", "name": "wait_agent", "namespace": "multi_agent_v1",
+              "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "a", "output": "done"},
+             {"type": "custom_tool_call", "call_id": "b", "name": "apply_patch", "input": "*** Begin Patch\n"},
+             {"type": "custom_tool_call_output", "call_id": "b", "output": "applied"},
+             {"type": "reasoning", "summary": [], "encrypted_content": "opaque"}]
+    messages = input_messages(items)
+    calls = [m["tool_calls"][0]["function"] for m in messages if m.get("tool_calls")]
+    assert calls[0]["name"] == "multi_agent_v1__wait_agent"
+    assert calls[1]["name"] == "apply_patch" and json.loads(calls[1]["arguments"]) == {"input": "*** Begin Patch\n"}
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["done", "applied"]
+
+
+def test_the_stream_of_a_namespaced_and_a_custom_call():
+    body = {"input": "go", "tools": [GROUP, PATCH], "stream": True}
+    chat, conversation, tools = to_chat(body, ResponseStore())
+    door = ResponsesDoor(body, conversation, ResponseStore(), "m", tools)
+    events = door.opening(5)
+    for call in (Call("c1", "multi_agent_v1__spawn_agent", "{}"), Call("c2", "apply_patch", '{"input":"*** Begin"}')):
+        door.output.parts.append(call)
+        door.items.append(tools.output_item(call.id, call.name, "", f"fc_{call.id}", "in_progress"))
+        events += door._close()
+    kinds = [json.loads(e.split("data: ", 1)[1])["type"] for e in events]
+    assert "response.custom_tool_call_input.done" in kinds and "response.function_call_arguments.done" in kinds
+    done = [json.loads(e.split("data: ", 1)[1]) for e in events if "output_item.done" in e]
+    assert done[0]["item"]["namespace"] == "multi_agent_v1" and done[0]["item"]["name"] == "spawn_agent"
+    assert done[1]["item"]["type"] == "custom_tool_call" and done[1]["item"]["input"] == "*** Begin"
+
+
+@pytest.mark.parametrize("tools, where", [([{"type": "namespace", "name": "x"}], "tools[0]"),
+                                          ([{"type": "namespace", "name": "x", "tools": [{"type": "function"}]}],
+                                           "tools[0].tools[0].name"),
+                                          ("web_search", "tools")])
+def test_a_malformed_group_is_a_400_naming_it(tools, where):
+    with pytest.raises(ApiError) as e:
+        read_tools(tools)
+    assert e.value.status == 400 and e.value.param == where
