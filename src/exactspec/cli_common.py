@@ -46,7 +46,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx-size", "-c", type=int, default=None, metavar="N",
                    help="context of each row in tokens, prompt and output together (default: the model's "
                         "training context; on llama.cpp as much of it as a quarter of the free memory holds "
-                        "for every row's KV cache, at least 4096). A longer prompt is refused naming both")
+                        "for every row's KV cache, at least 4096). A longer prompt is refused naming both. "
+                        "On llama.cpp, N past the training context turns on YaRN rope scaling by their ratio "
+                        "(a coding-agent CLI's first prompt, 9-22k tokens, needs --ctx-size 32768 on the "
+                        "embedded model): another model's numbers, still exact to itself")
     p.add_argument("--chat-template", metavar="NAME|FILE", default=None,
                    help="render chat messages with this template instead of the model's (a GGUF may have none: "
                         "chat requests are then refused): a Jinja file, or a built-in: chatml, llama3")

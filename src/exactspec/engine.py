@@ -79,7 +79,8 @@ class Engine:
         rows = self.target.max_rows if isinstance(self.target, RowContexts) else 1
         kv = self.target.kv_bytes if isinstance(self.target, RowContexts) else None
         cost = f"KV cache {kv / 2**30:.2f} GiB, allocated" if kv else "KV cache grows as used"
-        return f"context {self.target.max_length} tokens per row x {rows} row{'s' * (rows > 1)} ({cost})"
+        yarn = f"; {self.target.rope_note}" if isinstance(self.target, RowContexts) and self.target.rope_note else ""
+        return f"context {self.target.max_length} tokens per row x {rows} row{'s' * (rows > 1)} ({cost}{yarn})"
 
     def set_prefix_cache(self, budget_mb: float | None, disk: str | os.PathLike | None = None,
                          disk_mb: float = PREFIX_DISK_MB) -> None:

@@ -146,6 +146,7 @@ class RowContexts(Protocol):
     max_rows: int
     ragged: bool
     kv_bytes: int  # the KV cache's size, all rows
+    rope_note: str  # how positions are scaled past the training context ("" where they are not)
 
     @property
     def chunked_prefill(self) -> bool:

@@ -79,7 +79,7 @@ import torch
 
 from ...errors import ExactSpecError
 from . import prefill_plan
-from .runtime import (DEFAULT_N_UBATCH, affordable_rows, check_gguf_file, default_context, default_threads,
+from .runtime import (DEFAULT_N_UBATCH, yarn_kwargs, affordable_rows, check_gguf_file, default_context, default_threads,
                       import_llama_cpp, kv_bytes_per_token, make_llama, resolve_repack)
 
 class Cells(NamedTuple):
@@ -125,7 +125,7 @@ class LlamaCppLM:
         self.pad_steps = pad_steps  # a lone token gets a PAD (off: this llama.cpp build has no split-KV kernel)
         self._spare = 1 if self.prefill_tile and pad_steps and rows == 1 else None  # the one-row context's pad sequence
         # extra `Llama` arguments (type_k, ...), reused by the bench anchors; see BATCH INVARIANCE above
-        self.llama_kwargs = {"flash_attn": True, **llama_kwargs}
+        self.llama_kwargs = {"flash_attn": True, **yarn_kwargs(path, want), **llama_kwargs}
         try:
             kwargs = self.context_kwargs(want)
             if self._spare is None:
@@ -145,6 +145,8 @@ class LlamaCppLM:
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self.ctx))
         self.max_length = min(want, self.n_ctx_seq)
         self.kv_bytes = int(llama_cpp.llama_n_ctx(self.ctx)) * kv_bytes_per_token(path)  # f16 bound, all rows
+        yarn = self.llama_kwargs.get("yarn_orig_ctx")
+        self.rope_note = f"YaRN rope scaling x{want / yarn:.3g} past the {yarn}-token training context" if yarn else ""
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.prefix_cache = None  # a PrefixCache consulted on prefill (see prefix_cache.py)
         # Only prompt KV goes to the prefix cache unless the load-time self-test shows one-token steps write

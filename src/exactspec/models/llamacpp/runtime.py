@@ -161,6 +161,21 @@ def _train_context(path: str) -> int:
     return header_ints(path, ("context_length",)).get("context_length", 0)
 
 
+YARN = 2  # LLAMA_ROPE_SCALING_TYPE_YARN
+
+
+def yarn_kwargs(path: str, n_ctx: int) -> dict:
+    """A context past the model's training context: llama.cpp's YaRN rope scaling by their ratio (what
+    `llama-server --rope-scaling yarn --rope-scale F --yarn-orig-ctx N` does), so positions past the
+    training context are ones the model can read. Not asked for ({}): within the training context the
+    model runs as trained. The scaling changes the model's numbers at every position: a longer context
+    is another model (greedy identity holds to it; the start-up line names it)."""
+    train = _train_context(path)
+    if not train or n_ctx <= train:
+        return {}
+    return {"rope_scaling_type": YARN, "yarn_orig_ctx": train, "rope_freq_scale": train / n_ctx}
+
+
 def kv_bytes_per_token(path: str) -> int:
     """An upper bound of one cached token's K and V over all layers (f16), from the GGUF header; 0 if
     the header does not say."""
