@@ -4,12 +4,18 @@ changing an output."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+import os
+import stat
 import threading
 
 import pytest
 import torch
 
-from exactspec.prefix_store import MAGIC, DiskPrefixStore
+from exactspec.errors import ExactSpecError
+from exactspec.prefix_store import MAGIC, SECRET, DiskPrefixStore
 from exactspec.speculative.prefix_cache import PrefixCache
 from exactspec.speculative.sampling import SamplingParams
 from exactspec.stats import Stats
@@ -86,7 +92,7 @@ def test_a_bad_file_is_skipped_with_one_warning_and_changes_nothing(engine, tmp_
     flipped[-100] ^= 0xFF
     (folder / "corrupt.kv").write_bytes(bytes(flipped))
     (folder / "garbage.kv").write_bytes(b"not a kv file at all")
-    (folder / "foreign.kv").write_bytes(data.replace(b'"key": "kv1|', b'"key": "kv0|', 1))
+    (folder / "foreign.kv").write_bytes(data.replace(b'"key": "kv2|', b'"key": "kv0|', 1))
     good.unlink()
     capsys.readouterr()
     for _ in range(2):  # the second restart warns again (a new process), each file once per process
@@ -152,3 +158,115 @@ def test_the_cli_default_disk_budget_is_the_librarys():
     from exactspec import cli_common, prefix_store
 
     assert cli_common.PREFIX_DISK_MB == prefix_store.PREFIX_DISK_MB  # two names: --help imports no torch
+
+
+def written(tmp_path, ids=(1, 2, 3), payload=b"payload") -> DiskPrefixStore:
+    store = DiskPrefixStore(tmp_path, "k", budget_mb=8)
+    store.keep(list(ids), lambda: payload)
+    store.flush()
+    return store
+
+
+def test_a_forged_or_swapped_snapshot_is_never_restored(tmp_path):
+    """The MAC is keyed by the folder's secret: a file re-signed with another key (someone without the
+    secret), or a snapshot's payload swapped under another prompt's header, is skipped."""
+    store = written(tmp_path)
+    [path] = store.folder.glob("*.kv")
+    other = written(tmp_path / "elsewhere", (1, 2, 3), b"forged!")  # another folder: another secret
+    [forged] = other.folder.glob("*.kv")
+    path.write_bytes(forged.read_bytes())
+    fresh = DiskPrefixStore(tmp_path, "k", budget_mb=8)
+    assert fresh.load([1, 2, 3, 4]) is None and fresh.skipped == 1
+    # the right secret, but the header of prompt [1, 2, 3] over the payload of another: the MAC says no
+    secret = (tmp_path / SECRET).read_bytes()
+    header = {"key": "k", "ids": [1, 2, 3], "size": 7}
+    mac = hmac.new(secret, json.dumps(header, sort_keys=True).encode(), hashlib.sha256)
+    mac.update(b"other X")
+    body = json.dumps({**header, "mac": mac.hexdigest()}).encode()
+    path.write_bytes(MAGIC + len(body).to_bytes(8, "little") + body + b"payload")
+    assert DiskPrefixStore(tmp_path, "k", budget_mb=8).load([1, 2, 3, 4]) is None
+
+
+def test_the_folder_and_files_are_private(tmp_path):
+    store = written(tmp_path / "cache")
+    [path] = store.folder.glob("*.kv")
+    assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(store.folder).st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE((tmp_path / "cache" / SECRET).stat().st_mode) == 0o600
+
+
+def test_a_fifo_or_a_link_named_kv_is_skipped_not_waited_on(tmp_path):
+    store = written(tmp_path)
+    [path] = store.folder.glob("*.kv")
+    os.mkfifo(store.folder / "fifo.kv")
+    os.symlink(path, store.folder / "link.kv")
+    result = {}
+    reader = threading.Thread(target=lambda: result.update(store=DiskPrefixStore(tmp_path, "k", budget_mb=8)))
+    reader.start()
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "a FIFO blocked the folder's read"
+    fresh = result["store"]
+    assert fresh.skipped == 2 and list(fresh.index.values()) == [[1, 2, 3]]
+    assert fresh.load([1, 2, 3, 9]) == ([1, 2, 3], b"payload")
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    store = DiskPrefixStore(tmp_path, "k", budget_mb=8)
+
+    class Full:  # a file on a full disk: the bytes do not fit
+        def __init__(self, fd, mode):
+            self.fd = fd
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            os.close(self.fd)
+
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", Full)
+    store.keep([5, 6], lambda: b"x" * 1000)
+    store.flush()
+    monkeypatch.undo()
+    assert store.failed_writes == 1 and not list(store.folder.iterdir())
+
+
+def test_a_folder_that_cannot_be_made_is_a_one_line_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ExactSpecError, match="cannot make the prefix cache folder"):
+        DiskPrefixStore(tmp_path / "file" / "sub", "k", budget_mb=8)
+
+
+def test_a_snapshot_the_engine_refuses_is_dropped_and_prefilled(engine, tmp_path, capsys):
+    """A snapshot llama.cpp will not restore (one written by a context of other rows): the request is
+    prefilled as if it were absent, the entry and its file are dropped, one warning is printed, and the
+    next request does not meet it again."""
+    engine.set_prefix_cache(None)
+    reference, _ = step(engine, "Summarise the repository.")
+    cache = restart(engine, tmp_path)
+    step(engine, "Summarise the repository.")
+    cache.spill.flush()
+    before = list(cache.spill.folder.glob("*.kv"))
+    assert before
+    spill = restart(engine, tmp_path).spill
+    forget, gone = spill.forget, []
+
+    def forgets(ids):
+        forget(ids)
+        gone.append(not any(path.exists() for path in before))
+
+    def refuses(seq, state, length):  # what llama_state_seq_set_data's refusal raises (adapter._set_state)
+        raise ExactSpecError("llama.cpp could not restore a sequence's cache (context full?)")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine.target, "_restore", refuses)
+        patch.setattr(spill, "forget", forgets)
+        out, stats = step(engine, "Summarise the repository.")
+    assert out == reference and stats.cached_tokens == 0
+    assert "could not be restored" in capsys.readouterr().err
+    engine.prefix_cache.spill.flush()
+    assert gone == [True]  # the refused file was removed at once
+    out, stats = step(engine, "Summarise the repository.")
+    assert out == reference

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -111,8 +112,12 @@ def prefix_cache_kwargs(args: argparse.Namespace) -> dict:
                              "none keeps the cache in memory only)")
     folder = args.prefix_cache_dir or os.environ.get("EXACTSPEC_PREFIX_CACHE_DIR") or str(cache_dir("prefix-cache"))
     off = args.no_prefix_cache or args.prefix_cache_mb == 0
-    return dict(prefix_cache_mb=0 if off else args.prefix_cache_mb,
-                prefix_cache_dir=None if off or folder.lower() == "none" else os.path.abspath(folder),
+    disk = None if off or folder.lower() == "none" else os.path.abspath(folder)
+    if disk is not None:  # a folder that cannot be made is refused now, before the model loads
+        from .prefix_store import private_folder
+
+        private_folder(Path(disk))
+    return dict(prefix_cache_mb=0 if off else args.prefix_cache_mb, prefix_cache_dir=disk,
                 prefix_cache_disk_mb=args.prefix_cache_disk_mb)
 
 

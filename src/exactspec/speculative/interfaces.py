@@ -237,6 +237,9 @@ class PrefixSpill(Protocol):
     def keep(self, ids: list[int], data) -> None:
         """Keep the snapshot of `ids` whose bytes `data()` gives (called later, off the caller's thread)."""
 
+    def forget(self, ids: list[int]) -> None:
+        """Remove the entry of exactly `ids` (its bytes were refused by the engine): never offered again."""
+
     def flush(self) -> None:
         """Return once every snapshot kept so far is written (a server's shutdown waits for it)."""
 

@@ -29,6 +29,7 @@ entry: a restored prefix is what a cold prefill computes.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -120,10 +121,31 @@ class PrefixCache:
             self.reused_tokens += n
             self.prefilled_tokens += len(ids) - n
         if state is not None:
-            target.restore_prefix(state, n)
+            try:
+                target.restore_prefix(state, n)
+            except ExactSpecError as e:  # bytes the engine refuses (a snapshot of another layout): never again
+                self._refused(key, e)
+                with self._lock:
+                    self.reused_tokens -= n
+                    self.prefilled_tokens += n
+                n = 0
+                target.reset()
         else:
             target.reset()
         return n
+
+    def _refused(self, key, error: ExactSpecError) -> None:
+        """Forget an entry the target could not restore, in memory and in the spill, with one warning."""
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                return
+            ids = entry.ids
+            self._drop(key)
+        if self.spill is not None:
+            self.spill.forget(ids)
+        print(f"exactspec: prefix cache: a snapshot of {len(ids)} tokens could not be restored ({error}); "
+              "dropped, the prompt prefilled", file=sys.stderr, flush=True)
 
     def _unspill(self, target: PersistentPrefix, ids: list[int]) -> None:
         """Bring the spill's longest prefix of `ids` into memory when it is longer than memory's (a

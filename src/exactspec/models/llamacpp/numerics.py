@@ -308,10 +308,10 @@ def key(identity: str, settings: dict, repack: bool) -> str:
     """CPU (machine_key) + llama-cpp-python version + the caller's settings + the model file's identity."""
     import llama_cpp
 
-    from .runtime import repack_label
+    from .runtime import kernel_switches, repack_label
 
     text = json.dumps(settings, sort_keys=True, default=str)
-    return machine_key(VERSION, llama_cpp.__version__, text, repack_label(repack), identity)
+    return machine_key(VERSION, llama_cpp.__version__, text, repack_label(repack), kernel_switches(), identity)
 
 
 GIVEN = ("type_k", "type_v", "n_ubatch")  # a caller's own choice of these is kept as given
@@ -426,7 +426,9 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     # T(k) depends on the build and the setting (a pad is a second token per step), not only the context's
     lm.cost_key = (f"llama.cpp|{import_llama_cpp().__version__}|{file}|{repack_label(repack)}|{json.dumps(verdict.setting.llama_kwargs(), sort_keys=True)}"
                    f"|{json.dumps(lm.context_kwargs(), sort_keys=True, default=str)}")
-    # its snapshots' bytes depend on the same (the cache types, the build that wrote them) and on the state
-    # format (adapter.state_bytes), and mean the same only with the tile rule that `kinds` records
-    lm.persist_key = f"kv1|{lm.cost_key}|tile={lm.prefill_tile}"
+    # its snapshots' bytes depend on the same (the cache types, the build that wrote them), on the state
+    # format (adapter.state_bytes), on the context's rows (llama.cpp refuses a sequence state written by a
+    # context of another n_seq_max), on the CPU, the kernel switches and the self-test's key; and they mean
+    # the same only with the tile rule that `kinds` records
+    lm.persist_key = f"kv2|{lm.cost_key}|tile={lm.prefill_tile}|rows={lm.max_rows}|{verdict_key}"
     return lm

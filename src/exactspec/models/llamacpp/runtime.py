@@ -99,6 +99,12 @@ KQUANT_TILES = "EXACTSPEC_KQUANT_TILES"  # read by the build's K-quant kernels a
 os.environ.setdefault(KQUANT_TILES, "1")  # read once, at the library's first product: set before any load
 
 
+def kernel_switches() -> str:
+    """The patched build's kernel switches as this process set them: every measured verdict and every KV
+    snapshot on disk is keyed by them (a verdict taken with the kernels off is not one with them on)."""
+    return ",".join(f"{name}={os.environ.get(name, '')}" for name in (AMX_ROWS, KQUANT_TILES))
+
+
 def resolve_repack(path: str, repack: bool | None = None) -> bool:
     """Whether to let llama.cpp repack weights (its default): explicit choice, else the environment
     variable EXACTSPEC_LLAMACPP_REPACK, else yes unless the CPU advertises AMX and a probe subprocess

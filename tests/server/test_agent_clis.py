@@ -1,0 +1,43 @@
+"""The real coding-agent CLIs, pinned from npm (tests/helpers/agent_clis.py), against a real `exactspec
+serve` on loopback on the embedded model, each configured only by base URL and key as its docs say: a
+one-line prompt gets an answer printed (exit 0, no API error), and every request the CLI sent was served
+(no 4xx, no 5xx in the server's access log). The CLIs send what they send -- namespace groups, hosted
+tools, developer items, mid-conversation system messages, `?beta=true`, 32,000-token budgets -- so no body
+here is ours. Their first prompts (Codex ~8.5k tokens, Claude Code ~11.5k) need more than the embedded
+model's 8,192-token training context: the server runs `--ctx-size 16384` (YaRN, docs/server.md).
+
+A CLI that cannot be installed fails the test with npm's reason; it never skips."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..helpers.agent_clis import Served, claude, codex, said
+
+PROMPT = "Reply with the single word: ready"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    server = Served(tmp_path_factory.mktemp("serve"), "--ctx-size", "16384", "--max-rows", "2")
+    yield server
+    log = server.stop()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def answered(served: Served, proc, path: str) -> None:
+    """The CLI exited 0 with an answer and no API error; each of its requests to `path` was a 200."""
+    assert proc.returncode == 0, said(proc)
+    assert proc.stdout.strip() and "API Error" not in proc.stdout + proc.stderr, said(proc)
+    calls = [(line, status) for line, status in served.statuses() if path in line]
+    assert calls and all(status == 200 for _, status in calls), calls
+
+
+def test_codex_cli_answers_a_one_line_prompt(served, tmp_path):
+    proc = codex(served, tmp_path / "codex-home", tmp_path, PROMPT)
+    answered(served, proc, "/v1/responses")
+
+
+def test_claude_code_answers_a_one_line_prompt(served, tmp_path):
+    proc = claude(served, tmp_path / "claude-home", tmp_path, PROMPT)
+    answered(served, proc, "/v1/messages")
