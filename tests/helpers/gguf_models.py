@@ -115,3 +115,86 @@ def quantize(source: str, path: str, quant: str) -> str:
     if llama_cpp.llama_model_quantize(source.encode(), path.encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {source} to {quant}")
     return path
+
+
+def answering_gguf(path: str, answer: str, context: int = 32768, hidden: int = 64) -> str:
+    """A tiny Llama with the embedded model's tokenizer and chat template whose every answer is `answer`
+    then end-of-turn, whatever the prompt and temperature: a real GGUF, run by the real llama.cpp engine,
+    at a prefill speed where a coding-agent CLI's 10-20k-token first prompt takes seconds.
+
+    How: attention and MLP outputs are zero, so the residual stream is the current token's embedding and
+    the model is a table of next tokens; every token embeds as e0 except the answer's tokens, each its
+    own direction, and the output rows send e0 to the answer's first token, each answer token to the next
+    and the last to end-of-turn, by a margin no sampling overcomes. The answer's tokens must be distinct."""
+    import gguf
+
+    from exactspec.embedded import embedded_model_path
+
+    source = gguf.GGUFReader(embedded_model_path())
+    field = lambda name: source.fields[name]  # noqa: E731
+    tokens = [bytes(field("tokenizer.ggml.tokens").parts[i]).decode() for i in field("tokenizer.ggml.tokens").data]
+    merges = [bytes(field("tokenizer.ggml.merges").parts[i]).decode() for i in field("tokenizer.ggml.merges").data]
+    types = [int(field("tokenizer.ggml.token_type").parts[i][0]) for i in field("tokenizer.ggml.token_type").data]
+    scalar = lambda name: field(name).parts[field(name).data[0]][0]  # noqa: E731
+    eos = int(scalar("tokenizer.ggml.eos_token_id"))
+    template = bytes(field("tokenizer.chat_template").parts[field("tokenizer.chat_template").data[0]]).decode()
+    script = _bpe(answer, tokens)
+    assert len(set(script)) == len(script) and len(script) < hidden, script
+    vocab = len(tokens)
+    embed = np.zeros((vocab, hidden), np.float32)
+    embed[:, 0] = 1.0
+    out = np.zeros((vocab, hidden), np.float32)
+    for i, t in enumerate(script):
+        embed[t] = 0.0
+        embed[t, i + 1] = 1.0
+    chain = [0] + [i + 1 for i in range(len(script))]  # e0 -> script[0] -> ... -> script[-1] -> eos
+    for here, nxt in zip(chain, script + [eos]):
+        out[nxt, here] = 4.0  # RMSNorm scales a unit vector by sqrt(hidden): a margin of 4 * 8 = 32
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(8192)  # the embedded model's: a longer context takes YaRN, as there
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(hidden)
+    writer.add_head_count(1)
+    writer.add_head_count_kv(1)
+    writer.add_key_length(hidden)
+    writer.add_value_length(hidden)
+    writer.add_rope_dimension_count(hidden)
+    writer.add_rope_freq_base(100000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(bytes(field("tokenizer.ggml.pre").parts[field("tokenizer.ggml.pre").data[0]]).decode())
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    for name, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
+                      ("unknown", writer.add_unk_token_id), ("padding", writer.add_pad_token_id)):
+        add(int(scalar(f"tokenizer.ggml.{name}_token_id")))
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(template)
+    zero = np.zeros((hidden, hidden), np.float32)
+    writer.add_tensor("token_embd.weight", embed)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(hidden, np.float32))
+    for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+        writer.add_tensor(f"blk.0.{name}.weight", zero)
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(hidden, np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    writer.add_tensor("output.weight", out)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _bpe(text: str, tokens: list[str]) -> list[int]:
+    """`text`'s ids in the embedded vocabulary by longest match (a GPT-2 byte-level vocabulary: a space is
+    'Ġ'); enough for a short ASCII answer."""
+    ids, i, index = [], 0, {t: n for n, t in enumerate(tokens)}
+    text = text.replace(" ", "\u0120")
+    while i < len(text):
+        j = max(j for j in range(i + 1, len(text) + 1) if text[i:j] in index)
+        ids.append(index[text[i:j]])
+        i = j
+    return ids

@@ -1,10 +1,14 @@
 """The real coding-agent CLIs, pinned from npm (tests/helpers/agent_clis.py), against a real `exactspec
-serve` on loopback on the embedded model, each configured only by base URL and key as its docs say: a
-one-line prompt gets an answer printed (exit 0, no API error), and every request the CLI sent was served
-(no 4xx, no 5xx in the server's access log). The CLIs send what they send -- namespace groups, hosted
-tools, developer items, mid-conversation system messages, `?beta=true`, 32,000-token budgets -- so no body
-here is ours. Their first prompts (Codex ~8.5k tokens, Claude Code ~11.5k) need more than the embedded
-model's 8,192-token training context: the server runs `--ctx-size 16384` (YaRN, docs/server.md).
+serve` on loopback, each configured only by base URL and key as its docs say: a one-line prompt gets the
+model's answer printed (exit 0, no API error), and every request the CLI sent was served (no 4xx, no 5xx
+in the server's access log). The CLIs send what they send -- namespace groups, hosted tools, developer
+items, mid-conversation system messages, `?beta=true`, 32,000-token budgets -- so no body here is ours.
+
+The target is a real GGUF run by the real llama.cpp engine, with the embedded model's tokenizer and chat
+template, whose every answer is "ready" (gguf_models.answering_gguf): the CLIs' first prompts (Codex ~8.5k
+tokens, Claude Code ~11.5k, past the 8,192-token training context: `--ctx-size 32768`, YaRN) render as
+they do for the embedded model, and prefill in seconds where the embedded model takes one to two minutes
+each on two cores (docs/server.md, "Coding-agent CLIs", has those runs).
 
 A CLI that cannot be installed fails the test with npm's reason; it never skips."""
 
@@ -13,13 +17,16 @@ from __future__ import annotations
 import pytest
 
 from ..helpers.agent_clis import Served, claude, codex, said
+from ..helpers.gguf_models import answering_gguf
 
 PROMPT = "Reply with the single word: ready"
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    server = Served(tmp_path_factory.mktemp("serve"), "--ctx-size", "16384", "--max-rows", "2")
+    folder = tmp_path_factory.mktemp("serve")
+    target = answering_gguf(str(folder / "ready.gguf"), "ready")
+    server = Served(folder, "--target", target, "--ctx-size", "32768", "--max-rows", "2")
     yield server
     log = server.stop()
     assert "Traceback" not in log, log[-3000:]
@@ -28,7 +35,7 @@ def served(tmp_path_factory):
 def answered(served: Served, proc, path: str) -> None:
     """The CLI exited 0 with an answer and no API error; each of its requests to `path` was a 200."""
     assert proc.returncode == 0, said(proc)
-    assert proc.stdout.strip() and "API Error" not in proc.stdout + proc.stderr, said(proc)
+    assert "ready" in proc.stdout and "API Error" not in proc.stdout + proc.stderr, said(proc)
     calls = [(line, status) for line, status in served.statuses() if path in line]
     assert calls and all(status == 200 for _, status in calls), calls
 
