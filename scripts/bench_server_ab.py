@@ -69,7 +69,7 @@ def run(rows: list[Server], workloads: list[str], starts: int, scratch: str) -> 
         for s in (rows if k % 2 == 0 else rows[::-1]):
             for workload in workloads:
                 os.environ["EXACTSPEC_PREFIX_CACHE_DIR"] = tempfile.mkdtemp(dir=scratch, prefix="prefix-")
-                start(s, workload, scratch)
+                start(s, workload, scratch, empty_disk=False)  # the variable: commits before the flag ignore it
                 try:
                     done = run_workload(s.url, workload, {})
                 finally:

@@ -7,7 +7,8 @@ environment (printed: OpenMP's waiting policy alone moved llama.cpp 2.5x here). 
 cached (prefix cache, drafter store, llama-server's slots) comes from another row or workload:
 
     cold   round 1: every server sees the workload's requests for the first time (with
-           `cold` > 1, every server is started that many times, one cold round each)
+           `cold` > 1, every server is started that many times, one cold round each), each
+           exactspec start on an empty prefix-cache folder (a fresh process on an empty disk)
     warm   the rounds after the last cold one: the same requests again (a replay: prefix caches
            hold the earlier rounds)
 
@@ -41,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -132,13 +134,17 @@ def argv_for(server: Server, workload: str) -> list[str]:
     return server.argv + ["--parallel", str(slots), "-c", str(CONTEXT * slots)]
 
 
-def start(server: Server, workload: str, log_dir: str, timeout_s: float = 600) -> None:
-    """Start the server's process on a free port and wait for its /health (its log goes to log_dir)."""
+def start(server: Server, workload: str, log_dir: str, timeout_s: float = 600, empty_disk: bool = True) -> None:
+    """Start the server's process on a free port and wait for its /health (its log goes to log_dir). An
+    exactspec server starts on an empty prefix-cache folder of its own: cold is a fresh process on an
+    empty disk, never a restart that finds an earlier start's snapshots (bench_restart.py measures that)."""
     server.port = free_port()
     name = f"{server.name}-{workload}".replace(" ", "_").replace("-", "")
     server.log = open(os.path.join(log_dir, name + ".log"), "w")
-    server.process = subprocess.Popen(argv_for(server, workload) + ["--port", str(server.port)], stdout=server.log,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    empty = [] if server.name.startswith("llama-server") or not empty_disk else [
+        "--prefix-cache-dir", tempfile.mkdtemp(dir=log_dir, prefix=f"{name}-prefix-")]
+    server.process = subprocess.Popen(argv_for(server, workload) + empty + ["--port", str(server.port)],
+                                      stdout=server.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
