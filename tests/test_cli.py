@@ -167,7 +167,7 @@ def test_compare_under_the_users_openmp_setting():
     env = {k: v for k, v in ENV.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     prompt = "Summarise this:\n" + " ".join(load_workload("grounded"))[:1800]
     proc = subprocess.run([sys.executable, "-m", "exactspec.cli", "generate", "-", "--max-new-tokens", "32",
-                           "--compare", "--json", "--gamma", "4"], input=prompt, capture_output=True, text=True, timeout=300, env=env)
+                           "--compare", "--json", "--gamma", "4"], input=prompt, capture_output=True, text=True, timeout=540, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["compare"]["identical"] is True and len(out["prompt_token_ids"]) > 256

@@ -85,3 +85,29 @@ def test_a_malformed_group_is_a_400_naming_it(tools, where):
     with pytest.raises(ApiError) as e:
         read_tools(tools)
     assert e.value.status == 400 and e.value.param == where
+
+
+def test_the_store_is_bounded_in_bytes_and_metadata_by_the_api_s_limits():
+    """Stored responses (previous_response_id) take at most the store's MiB, least recently used dropped
+    first, one larger than the whole budget not kept; `metadata` past the API's limits is a 400; DELETE."""
+    store = ResponseStore(entries=100, budget_mb=0.01)  # 10,485 bytes
+    for i in range(10):
+        store.put({"id": f"r{i}", "output": "x" * 2000}, [{"role": "user", "content": "hi"}])
+    assert store.used <= store.budget and len(store._items) == 5
+    with pytest.raises(ApiError):
+        store.get("r0")
+    assert store.get("r9")[0]["output"] == "x" * 2000
+    store.put({"id": "huge", "output": "x" * 20_000}, [])
+    with pytest.raises(ApiError):
+        store.get("huge")
+    store.delete("r9")
+    with pytest.raises(ApiError) as e:
+        store.delete("r9")
+    assert e.value.status == 404
+    for metadata in ({f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 5}, "x"):
+        with pytest.raises(ApiError) as e:
+            to_chat({"input": "hi", "metadata": metadata}, ResponseStore())
+        assert e.value.status == 400 and e.value.param.startswith("metadata")
+    with pytest.raises(ApiError) as e:
+        to_chat({"input": "hi", "store": "false"}, ResponseStore())
+    assert e.value.param == "store"

@@ -541,14 +541,19 @@ def test_probes_are_scheduled_across_an_engines_requests(tiny_target):
     assert first.probes is second.probes and first.acceptance.shared is second.acceptance.shared  # each its own view
 
 
-def test_measured_costs_charge_a_change_of_shape(tiny_target):
+def test_measured_costs_charge_a_change_of_shape(tiny_target, monkeypatch):
     """`measure_target`: T(1) is a one-token step after one-token steps; a wider pass is charged the change
     of shape it pays and the one the next one-token step pays (llama.cpp builds a graph per new shape), the
-    latter at most CHANGE_CAP of a step. Measured on the real tiny target wrapped to take `step` seconds
-    more per pass, and `change` more on a pass whose width differs from the last one's."""
-    import time
+    latter at most CHANGE_CAP of a step. On the real tiny target wrapped to take `step` seconds more per
+    pass, and `change` more on a pass whose width differs from the last one's -- on an injected clock that
+    only those passes advance: the charges are asserted exactly, whatever else the machine runs."""
+    from types import SimpleNamespace
 
+    from exactspec import measure
     from exactspec.measure import CHANGE_CAP, measure_target
+
+    clock = [0.0]
+    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     class ShapeChanges:
         def __init__(self, model, step: float, change: float):
@@ -558,20 +563,18 @@ def test_measured_costs_charge_a_change_of_shape(tiny_target):
             return getattr(self.model, name)
 
         def forward(self, ids, *args, **kwargs):
-            time.sleep(self.step + (self.change if ids.shape[1] != self.last else 0.0))
+            clock[0] += self.step + (self.change if ids.shape[1] != self.last else 0.0)
             self.last = ids.shape[1]
             return self.model.forward(ids, *args, **kwargs)
 
-    # sleeps long enough that a busy machine's oversleeping (a few ms) cannot pass for a wrong charge: the
-    # small change is charged twice (0.016; once would be 0.008), the large one capped (uncapped: 0.1)
     plain = measure_target(ShapeChanges(tiny_target, 0.04, 0.0), max_k=4, context=8, reps=3)
     small = measure_target(ShapeChanges(tiny_target, 0.04, 0.008), max_k=4, context=8, reps=3)
     large = measure_target(ShapeChanges(tiny_target, 0.04, 0.05), max_k=4, context=8, reps=3)
-    assert small[0] == pytest.approx(plain[0], abs=0.005) and large[0] == pytest.approx(plain[0], abs=0.005)
+    assert small[0] == pytest.approx(plain[0], abs=1e-9) and large[0] == pytest.approx(plain[0], abs=1e-9)
     assert 0.008 < CHANGE_CAP * plain[0]  # the small change is under the cap
-    for k in range(2, 5):  # each wider pass: its own change of shape, and the next step's
-        assert small[k - 1] - plain[k - 1] == pytest.approx(2 * 0.008, abs=0.006)
-        assert large[k - 1] - plain[k - 1] == pytest.approx(0.05 + CHANGE_CAP * large[0], abs=0.008)
+    for k in range(2, 5):  # each wider pass: its own change of shape, and the next step's (capped)
+        assert small[k - 1] - plain[k - 1] == pytest.approx(2 * 0.008, abs=1e-9)
+        assert large[k - 1] - plain[k - 1] == pytest.approx(0.05 + CHANGE_CAP * large[0], abs=1e-9)
 
 
 def asked(drafter) -> list[int]:

@@ -56,15 +56,17 @@ T = TypeVar("T")
 
 def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16,
                max_body_bytes: int = MAX_BODY_BYTES, max_tokens_default: int | None = MAX_TOKENS_DEFAULT,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, responses_store_mb: float = openai_responses.STORE_MB) -> FastAPI:
     """An app serving `engine` under `model_name`; it starts its worker thread on startup.
     `max_rows`: samples decoded together in one batch (1: one at a time); `max_body_bytes`: the
     largest request body accepted (413 beyond it, while the body is read); `max_tokens_default`: the
     budget of a request that gives no max_tokens (None: the rest of the context); `api_key`: the key
-    every request but /health must carry (auth.py; None: none)."""
+    every request but /health must carry (auth.py; None: none); `responses_store_mb`: the most MiB of
+    stored Responses (previous_response_id)."""
     metrics = Metrics()
     metrics.watch_prefix_cache(engine)
-    routes = Routes(engine, Worker(engine, metrics, max_rows), metrics, model_name, max_tokens_default)
+    routes = Routes(engine, Worker(engine, metrics, max_rows), metrics, model_name, max_tokens_default,
+                    openai_responses.ResponseStore(budget_mb=responses_store_mb))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -115,11 +117,12 @@ class Routes:
     """The route handlers of one app, over its engine, worker and metrics (callable without HTTP)."""
 
     def __init__(self, engine: Engine, worker: Worker, metrics: Metrics, model_name: str = "exactspec",
-                 max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> None:
+                 max_tokens_default: int | None = MAX_TOKENS_DEFAULT,
+                 store: openai_responses.ResponseStore | None = None) -> None:
         self.engine, self.worker, self.metrics, self.model_name = engine, worker, metrics, model_name
         self.max_tokens_default = max_tokens_default
         self.preparer = Preparer()
-        self.store = openai_responses.ResponseStore()
+        self.store = store or openai_responses.ResponseStore()
         self.started = int(time.time())
         self.said: set[str] = set()
 

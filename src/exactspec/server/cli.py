@@ -30,6 +30,9 @@ def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--max-rows", type=int, default=16, metavar="N",
                    help="most samples decoded together in one batch (default 16; 1 = one at a time)")
     add_prefix_cache_args(p, "recent conversations (prompt + answer)")
+    p.add_argument("--responses-store-mb", type=float, default=256.0, metavar="MIB",
+                   help="most MiB of stored Responses (store: true, for previous_response_id), least recently "
+                        "used dropped first (default 256)")
     p.add_argument("--max-tokens-default", type=int, default=2048, metavar="N",
                    help="token budget of a request that gives no max_tokens (default 2048; 0 = the rest of the "
                         "context); reported by /v1/models")
@@ -77,7 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"exactspec: warning: serving on {args.host} without an API key: anyone who reaches this port can "
               "use the model (--api-key-file FILE)", file=sys.stderr, flush=True)
     app = create_app(engine, model_name(args), args.max_rows, max_tokens_default=args.max_tokens_default or None,
-                     api_key=api_key)
+                     api_key=api_key, responses_store_mb=args.responses_store_mb)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=STOP_GRACE_S)
     print("exactspec: server stopped", file=sys.stderr, flush=True)
     if any(t.name == "exactspec-worker" and t.is_alive() for t in threading.enumerate()):
@@ -97,6 +100,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
         raise ExactSpecError(f"--port must be in 1..65535, got {args.port}")
     if args.prefill_chunk < 0:
         raise ExactSpecError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
+    if args.responses_store_mb <= 0:
+        raise ExactSpecError(f"--responses-store-mb must be > 0, got {args.responses_store_mb}")
     if args.max_tokens_default < 0:
         raise ExactSpecError(f"--max-tokens-default must be >= 0, got {args.max_tokens_default}")
     from ..cli_common import prefix_cache_kwargs

@@ -27,7 +27,9 @@ from .responses_tools import CUSTOM_INPUT, Tools, custom_input, flat_name, read_
 from .translate import ApiError
 
 ENDPOINT = "/v1/responses"
-STORE_ENTRIES = 1024  # responses kept for previous_response_id (least recently used dropped first)
+STORE_ENTRIES = 1024  # responses kept for previous_response_id (least recently used dropped first) ...
+STORE_MB = 256.0  # ... in at most this many MiB (serve --responses-store-mb)
+METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # the API's limits on `metadata`
 IGNORED = ("metadata", "user", "include", "reasoning", "truncation", "service_tier", "prompt_cache_key",
            "background", "safety_identifier", "max_tool_calls", "top_logprobs", "stream_options", "conversation")
 EXTENSIONS = ("top_k", "min_p", "seed", "gamma", "lenience", "verification", "logit_bias", "presence_penalty",
@@ -36,22 +38,31 @@ EXTENSIONS = ("top_k", "min_p", "seed", "gamma", "lenience", "verification", "lo
 
 class ResponseStore:
     """Stored responses by id: the whole conversation each ended (instructions apart, which the API does
-    not carry over) and the response object, at most `entries` of them."""
+    not carry over) and the response object, at most `entries` of them in at most `budget_mb` MiB (their
+    JSON's size; least recently used dropped first; one larger than the budget is not kept)."""
 
-    def __init__(self, entries: int = STORE_ENTRIES) -> None:
-        self.entries, self._items, self._lock = entries, OrderedDict(), threading.Lock()
+    def __init__(self, entries: int = STORE_ENTRIES, budget_mb: float = STORE_MB) -> None:
+        self.entries, self.budget, self.used = entries, int(budget_mb * 2**20), 0
+        self._items, self._lock = OrderedDict(), threading.Lock()
 
     def put(self, response: dict, messages: list[dict]) -> None:
+        size = len(json.dumps(response)) + len(json.dumps(messages))
+        if size > self.budget:
+            return
+        kept = (copy.deepcopy(response), messages, size)
         with self._lock:
-            self._items[response["id"]] = (copy.deepcopy(response), messages)
-            self._items.move_to_end(response["id"])
-            while len(self._items) > self.entries:
-                self._items.popitem(last=False)
+            if (old := self._items.pop(response["id"], None)) is not None:
+                self.used -= old[2]
+            self._items[response["id"]] = kept
+            self.used += size
+            while len(self._items) > self.entries or self.used > self.budget:
+                self.used -= self._items.popitem(last=False)[1][2]
 
     def delete(self, response_id: str) -> None:
         with self._lock:
-            if self._items.pop(response_id, None) is None:
+            if (old := self._items.pop(response_id, None)) is None:
                 raise ApiError(404, f"no stored response with id {response_id!r}", "response_id", "not_found")
+            self.used -= old[2]
 
     def get(self, response_id: str) -> tuple[dict, list[dict]]:
         with self._lock:
@@ -60,7 +71,8 @@ class ResponseStore:
                                     f"the last {self.entries}, and only with store: true)",
                                "previous_response_id", "previous_response_not_found")
             self._items.move_to_end(response_id)
-            return self._items[response_id]
+            response, messages, _ = self._items[response_id]
+            return response, messages
 
 
 def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict], Tools]:
@@ -68,6 +80,7 @@ def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict], Tools]:
     its tools as function tools and what their calls' names stand for)."""
     if not isinstance(body.get("store", True), bool):
         raise ApiError(400, "store must be true or false", "store")
+    check_metadata(body.get("metadata"))
     previous = body.get("previous_response_id")
     history = []
     if previous is not None:
@@ -96,6 +109,19 @@ def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict], Tools]:
         if (fmt := response_format(text.get("format"))) is not None:
             chat["response_format"] = fmt
     return chat, conversation, tools
+
+
+def check_metadata(metadata) -> None:
+    """The API's limits on `metadata` (it is echoed and stored): at most 16 string pairs, keys of at most
+    64 characters, values of at most 512."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict) or len(metadata) > METADATA_KEYS:
+        raise ApiError(400, f"metadata must be an object of at most {METADATA_KEYS} pairs", "metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS or not isinstance(value, str) or len(value) > METADATA_VALUE_CHARS:
+            raise ApiError(400, f"metadata: keys are strings of at most {METADATA_KEY_CHARS} characters, values "
+                                f"strings of at most {METADATA_VALUE_CHARS}", f"metadata.{key[:64]}")
 
 
 def input_messages(items) -> list[dict]:

@@ -18,14 +18,15 @@ steps as they are (bit-exact where llama.cpp was built without the split path: `
 so, scripts/build_llama_cpp.py), else kept off the split path by a pad; the f16 cache with one-token
 steps on ONE thread and no tiles (n_ubatch 32). (Tiles with one-thread steps and no pad measured well
 here, and lost across the peer bench on a Zen 5: the whole step then runs on one core.) Each is
-tested: after a MEASURED-token prefill (capped by the context), blocks of BLOCK and LONG tokens against
+tested: after a MEASURED-token prefill (capped by the context), blocks of BLOCK, WIDE and LONG tokens against
 the same tokens one at a time, and the KV of a prefill of half a prompt, then the rest, equal to one prefill of the
 whole (what the prefix cache relies on). Of those bit-equal, the one that serves an agent session fastest (a PROMPT-token prefill,
 extrapolated from the two halves of the measured one, and STEPS one-token steps, priced by the mean of
 the medians of steps near the start and at MEASURED tokens) is kept; an earlier one within 3% wins (the
 per-row settings come first: see CANDIDATES); a setting sure to be slower than one already found bit-equal
-stops after half its prefill (MEASURED_ORDER); where two or more are bit-equal, each is timed once more in
-reverse order and ranked by its better timing (`retimed`: one noisy timing must not pick the cache type). None bit-equal: the first, and greedy identity rests on
+stops after half its prefill (MEASURED_ORDER); where two or more are bit-equal, the two fastest are timed once
+more in reverse order and ranked by their better timing (`retimed`: one noisy timing must not pick the
+cache type). None bit-equal: the first, and greedy identity rests on
 tolerance. The verdict is cached per CPU, model file, library version and settings (about half a
 minute on 2 cores, once).
 The cache type changes the model's numerics (not the exactness of speculation, which compares the
@@ -47,9 +48,10 @@ from ... import progress
 from ...cachedir import cache_dir, file_identity, machine_key, measured_once, provisional, write_atomic
 from ...errors import ExactSpecError
 
-VERSION = 13  # bump when the test changes: old cache entries are then ignored
+VERSION = 14  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
+WIDE = 14  # a wide verification pass (auto γ may choose 9-16 rows: patch 12's narrow microtile, direct passes)
 GGML_TYPES = {"f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type ids for llama_context_params.type_k / type_v
 FAVOUR = 1.03  # an earlier candidate within 3% of the fastest is kept
 # What a setting is ranked by: an agent session -- one cold PROMPT-token prompt (tool specs), then STEPS
@@ -186,7 +188,7 @@ def prefix_vs_whole(lm, ids: list[int]) -> bool:
 
 
 def trial(lm, beat_ms: float = math.inf) -> tuple[float, float, float] | None:
-    """(max difference over a BLOCK- and a LONG-token block after a MEASURED-token prefill -- inf if a
+    """(max difference over BLOCK-, WIDE- and LONG-token blocks after a MEASURED-token prefill -- inf if a
     prefix plus the rest is not a whole prefill --, one-token step in ms -- the mean of the medians near
     the start and at MEASURED tokens: a session's answers lie between --, prefill tokens/s of a
     PROMPT-token prompt from that prefill): attention's share grows with depth, and only some settings
@@ -208,7 +210,7 @@ def trial(lm, beat_ms: float = math.inf) -> tuple[float, float, float] | None:
         at_least = PROMPT * seconds / n if len(prefill) == 1 else prefill_seconds(prefill, PROMPT)
         return at_least * 1e3 + STEPS * statistics.median(shallow) / 2 * 1e3 > beat_ms
 
-    measured = block_vs_steps(lm, ids, context, (BLOCK, LONG), give_up)
+    measured = block_vs_steps(lm, ids, context, (BLOCK, WIDE, LONG), give_up)
     if measured is None:
         return None
     diff, deep, prefill = measured
@@ -276,14 +278,14 @@ def retimed(make, trials: list[tuple[Setting, float, float, float]]) -> list[tup
     slows): the verdict decides the cache type for good, and the first setting measured after the load, or
     one measured beside a neighbour's burst, ran up to a third slower here than the same setting a minute
     later -- enough to pick the q8_0 cache, whose prefill is half the tiled f16's (a plain server's agent
-    and edit requests ~15% slower). One finalist: nothing to decide, nothing timed again."""
-    if sum(t[1] == 0.0 for t in trials) < 2:
+    and edit requests ~15% slower). Only the two fastest are timed again (the self-test's time: a third
+    is rarely close); one finalist: nothing to decide, nothing timed again."""
+    exact = sorted((request_ms(t[2], t[3]), i) for i, t in enumerate(trials) if t[1] == 0.0)
+    if len(exact) < 2:
         return trials
     out = list(trials)
-    for i in reversed(range(len(out))):
+    for i in sorted((i for _, i in exact[:2]), reverse=True):
         setting, diff, step_ms, prefill_tok_s = out[i]
-        if diff != 0.0:
-            continue
         lm = make(setting)
         again = trial(lm, math.inf)
         del lm
