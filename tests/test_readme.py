@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from exactspec.cli import build_parser
+from exactspec.server.launch import split_passed
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -71,7 +72,7 @@ def parse_error(argv: list[str]) -> str | None:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            build_parser().parse_args(argv)
+            build_parser().parse_args(split_passed(argv)[0])  # as main() parses: a launch's `-- ARGS` are the CLI's
     except SystemExit as exit_:
         return None if exit_.code in (0, None) else err.getvalue().strip() or f"exit {exit_.code}"
     return None

@@ -16,6 +16,7 @@ from .cli_common import add_model_args, load_engine
 from .errors import ExactSpecError
 from .scale.cli import add_batch_subcommand, add_ray_serve_args, serve_on_ray, wants_ray_serve
 from .server import cli as server_cli
+from .server.launch import add_launch_subcommand, split_passed
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_subcommand(sub)
     add_tune_subcommand(sub)
     add_theory_subcommand(sub)
+    add_launch_subcommand(sub)
     return parser
 
 
@@ -275,7 +277,10 @@ def _quiet_transformers() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv, passed = split_passed(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if passed is not None:
+        args.cli_args = passed
     _quiet_transformers()
     progress.enable()
     try:

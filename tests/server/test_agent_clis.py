@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import pytest
 
-from ..helpers.agent_clis import Served, claude, codex, said
+import os
+import subprocess
+import sys
+
+from ..helpers.agent_clis import QUIET, Served, claude, cli, codex, said
+from ..helpers.cli import assert_one_line_error
+from ..helpers.servers import _free_port
 from ..helpers.gguf_models import answering_gguf
 
 PROMPT = "Reply with the single word: ready"
@@ -48,3 +54,23 @@ def test_codex_cli_answers_a_one_line_prompt(served, tmp_path):
 def test_claude_code_answers_a_one_line_prompt(served, tmp_path):
     proc = claude(served, tmp_path / "claude-home", tmp_path, PROMPT)
     answered(served, proc, "/v1/messages")
+
+
+def test_launch_runs_codex_against_a_server_it_starts(tmp_path_factory, tmp_path):
+    """`exactspec launch codex --target F -- exec ...`: starts a server, writes Codex's settings from its
+    real context into a private folder, runs the CLI (exit 0, the answer printed), stops the server."""
+    target = answering_gguf(str(tmp_path_factory.mktemp("launch") / "ready.gguf"), "ready")
+    env = {**os.environ, **QUIET, "PATH": os.path.dirname(cli("codex")) + os.pathsep + os.environ["PATH"]}
+    env.pop("EXACTSPEC_API_KEY", None)
+    port = _free_port()
+    proc = subprocess.run([sys.executable, "-m", "exactspec.cli", "launch", "codex", "--target", target, "--port",
+                           str(port), "--", "exec", "--skip-git-repo-check", "--cd", str(tmp_path), PROMPT],
+                          env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and "ready" in proc.stdout, said(proc)
+    assert "exactspec: starting exactspec.cli serve" in proc.stderr
+
+
+def test_launch_refuses_a_cli_that_is_not_installed():
+    proc = subprocess.run([sys.executable, "-m", "exactspec.cli", "launch", "claude"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PATH": "/nonexistent"}, stdin=subprocess.DEVNULL)
+    assert_one_line_error(proc, "claude is not installed")

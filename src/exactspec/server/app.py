@@ -302,9 +302,11 @@ class Routes:
 
     # --- the rest ------------------------------------------------------------------------------
     async def models(self) -> dict:
-        """The one model this server runs, the budget of a request without max_tokens, and how it is shown
-        tools (`exactspec.tool_format`: a tool family of its chat template, or "generic"; families.py)."""
-        runtime = {**self.engine.runtime(), "tool_format": tool_format(getattr(self.engine.tokenizer, "chat_template", None))}
+        """The one model this server runs, the budget of a request without max_tokens, how it is shown
+        tools (`exactspec.tool_format`: a tool family of its chat template, or "generic"; families.py) and
+        its context per row (`exactspec.context`: what an agent CLI may fill; `exactspec launch`)."""
+        runtime = {**self.engine.runtime(), "tool_format": tool_format(getattr(self.engine.tokenizer, "chat_template", None)),
+                   "context": self.engine.target.max_length}
         return {"object": "list",
                 "data": [{"id": self.model_name, "object": "model", "created": self.started, "owned_by": "exactspec",
                           "max_tokens_default": self.max_tokens_default, "exactspec": runtime}]}
