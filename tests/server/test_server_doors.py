@@ -311,3 +311,23 @@ def test_what_agent_clis_send_is_served_not_refused(api):
                    headers={"x-api-key": KEY, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"})
     assert r.status_code == 200, r.text[:400]
     assert r.json()["usage"]["output_tokens"] >= 1
+
+
+def test_a_last_assistant_message_is_a_prefill_the_answer_continues(api):
+    """Messages: a trailing assistant message is continued, not closed (the prompt is the generation
+    prompt, then the prefill's text); the chat door's `continue_final_message` is the same request, and
+    a raw completion of the rendered text gives the same greedy answer."""
+    turns = [{"role": "user", "content": "Count from one to ten in words."}, {"role": "assistant", "content": "one, two,"}]
+    message = api.claude.messages.create(model=MODEL, max_tokens=6, extra_body=GREEDY, messages=turns)
+    chat = api.openai.chat.completions.create(model=MODEL, max_tokens=6, messages=turns, **GREEDY,
+                                              extra_body={"continue_final_message": True})
+    closed = api.openai.chat.completions.create(model=MODEL, max_tokens=6, messages=turns[:1], **GREEDY)
+    assert message.usage.input_tokens == chat.usage.prompt_tokens > closed.usage.prompt_tokens
+    assert message.content[0].text == chat.choices[0].message.content
+    text = api.openai.completions.create(model=MODEL, max_tokens=6, temperature=0, prompt=(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nCount from one to ten in words.<|im_end|>\n<|im_start|>assistant\none, two,"))
+    assert text.usage.prompt_tokens == chat.usage.prompt_tokens and text.choices[0].text == message.content[0].text
+    r = httpx.post(api.base + "/v1/chat/completions", headers={"x-api-key": KEY}, timeout=60, json={
+        "model": MODEL, "max_tokens": 2, "continue_final_message": True, "messages": turns[:1]})
+    assert r.status_code == 400 and "continue_final_message" in r.text

@@ -119,11 +119,19 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    continue_final_message: bool = False  # the last (assistant) message is a prefill the answer continues
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @model_validator(mode="after")
+    def _continued_message_is_an_answer(self) -> "ChatCompletionRequest":
+        last = self.messages[-1]
+        if self.continue_final_message and (last.role != "assistant" or last.tool_calls):
+            raise ValueError("continue_final_message needs a last assistant message without tool calls")
         return self
 
     def logprobs_k(self) -> int | None:

@@ -55,18 +55,22 @@ def plan_chat(engine: Engine, body: ChatCompletionRequest,
     except FieldError as e:
         raise ApiError(400, str(e), e.param) from None
     messages = for_template(body.chat(), template)
+    prefill = messages.pop()["content"] if body.continue_final_message else ""
     if tools is not None and tools.family is None:  # the generic format: the tools in the system message
         if messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + tools.system_prompt}
         else:
             messages.insert(0, {"role": "system", "content": tools.system_prompt})
-    return plan(engine, body, messages, None, body.token_budget(), "messages", tools, max_tokens_default), tools
+    return plan(engine, body, messages, None, body.token_budget(), "messages", tools, max_tokens_default,
+                prefill), tools
 
 
 def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat_template: bool | None,
          budget: int | None, prompt_param: str, tools: ToolPlan | None = None,
-         max_tokens_default: int | None = MAX_TOKENS_DEFAULT) -> list[Job]:
-    """Check and tokenise a request; one job per sample, all sharing one Request."""
+         max_tokens_default: int | None = MAX_TOKENS_DEFAULT, prefill: str = "") -> list[Job]:
+    """Check and tokenise a request; one job per sample, all sharing one Request. `prefill`: the start of
+    the answer, given (a continued last assistant message): after the generation prompt, its text as text
+    (never parsed for special tokens), continued by the model."""
     sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                     lenience=body.lenience, verification=body.verification)
     try:
@@ -78,7 +82,7 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
         raise ApiError(400, str(e)) from None
     law = request_law(engine, body, tools)
     shown = tools.tools if tools is not None else None  # a tool family's template lays them out itself
-    ids = prompt_ids(engine, prompt, chat_template, prompt_param, shown)
+    ids = prompt_ids(engine, prompt, chat_template, prompt_param, shown, prefill)
     context = engine.target.max_length
     room = context - (len(engine.target.decoder_prompt) if engine.is_encoder_decoder else len(ids))
     budget = min(budget, room) if budget else min(room, max_tokens_default or room)  # clamped, never refused
@@ -94,7 +98,7 @@ def plan(engine: Engine, body: GenerationRequest, prompt: str | list[dict], chat
 
 
 def prompt_ids(engine: Engine, prompt: str | list[dict], chat_template: bool | None, prompt_param: str,
-               tools: list[dict] | None = None) -> list[int]:
+               tools: list[dict] | None = None, prefill: str = "") -> list[int]:
     """The prompt's token ids, checked to leave room in the context (a budget past it is clamped). `tools`:
     chat messages rendered with the template's own `tools` (a tool family's, families.py)."""
     def encode(prompt: str | list[dict]) -> list[int]:
@@ -111,6 +115,8 @@ def prompt_ids(engine: Engine, prompt: str | list[dict], chat_template: bool | N
             ids = encode(folded)
     except Exception as e:  # ExactSpecError, or a chat template refusing the messages (jinja2 errors)
         raise ApiError(400, f"cannot encode the prompt: {e}", prompt_param) from None
+    if prefill:
+        ids = ids + engine.tokenizer.encode(prefill, add_special_tokens=False, split_special_tokens=True)
     context = engine.target.max_length
     if not ids:
         raise ApiError(400, "the prompt is empty", prompt_param)
