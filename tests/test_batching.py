@@ -285,6 +285,8 @@ CASES = [  # (fields covered, line, check); all lines run in ONE batch
     ({"response_format"}, {**GREEDY, "response_format": {"type": "regex", "regex": "("}}, refused("response_format")),
     ({"tools"}, {**CHAT, "tools": [TOOL], "response_format": {"type": "json_object"}}, refused("not both")),
     ({"max_tokens"}, {**GREEDY, "max_tokens": 10**7}, clamped),  # past the context: what it leaves
+    ({"continue_final_message"}, {**CHAT, "max_tokens": 3, "continue_final_message": True,
+                                  "messages": [*MESSAGES, {"role": "assistant", "content": "Sure:"}]}, tokens(3)),
     ({"messages"}, {**CHAT, "messages": []}, refused("messages")),
 ]
 

@@ -30,7 +30,9 @@ from ..helpers.llama_cpp import backend_law, write_tiny_gguf  # noqa: E402
 ROWS = 4
 PROMPTS = ["Write a haiku about the sea.", "List three prime numbers, then explain why they are prime.",
            "Rename the variable x to count in: x = 0\nfor i in range(3):\n    x += i\nprint(x)",
-           "Name a colour.", "What is the capital of France? Answer in one sentence.", "Count from 1 to 12."]
+           "Name a colour.", "What is the capital of France? Answer in one sentence.",
+           # last, and sure to copy whatever setting the self-test chose: auto γ prices the batch's end on it
+           "Copy this text exactly: the cat sat on the mat, the dog sat on the log, the cat sat on the mat."]
 
 
 @pytest.fixture(scope="module")

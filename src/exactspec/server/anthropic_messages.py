@@ -50,7 +50,7 @@ def to_chat(body: dict, counting: bool = False) -> dict:
     messages = [{"role": "system", "content": _blocks_text(system, "system", lenient=True)}] if system else []
     chat["messages"] = messages + chat_messages(body.get("messages"))
     last = chat["messages"][-1]
-    if last["role"] == "assistant" and not last.get("tool_calls") and last["content"]:
+    if last["role"] == "assistant" and not last.get("tool_calls") and last["content"] and len(chat["messages"]) > 1:
         chat["continue_final_message"] = True  # a prefill: the answer continues it, as the API has it
     if body.get("tools"):
         chat["tools"] = chat_tools(body["tools"])

@@ -242,9 +242,10 @@ class Routes:
 
     async def start_stream(self, request: Request, shapes: Shapes, door: Door, endpoint: str,
                            jobs: list[Job], start: float) -> Response:
-        """The streamed response, begun once the worker's first event is in: an error before it (the
-        first step's: a grammar llguidance rejects on its first token) is a 4xx like the non-streamed
-        request's, not a 200 with the error in-band."""
+        """The streamed response, begun once the worker's first event is in, or after FIRST_EVENT_S (a long
+        prefill: then keep-alives every KEEPALIVE_S until the first token). An error in that first half
+        second (the first step's: a grammar llguidance rejects on its first token) is a 4xx like the
+        non-streamed request's; after it, the stream has begun and the error comes in-band."""
         events = _paced(self.worker.generate_all(jobs), FIRST_EVENT_S, KEEPALIVE_S)
         self.metrics.running.inc()
         try:  # the first step's error, if it comes within FIRST_EVENT_S, is a 4xx like a whole request's

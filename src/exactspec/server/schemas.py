@@ -130,8 +130,9 @@ class ChatCompletionRequest(GenerationRequest):
     @model_validator(mode="after")
     def _continued_message_is_an_answer(self) -> "ChatCompletionRequest":
         last = self.messages[-1]
-        if self.continue_final_message and (last.role != "assistant" or last.tool_calls):
-            raise ValueError("continue_final_message needs a last assistant message without tool calls")
+        if self.continue_final_message and (last.role != "assistant" or last.tool_calls or len(self.messages) < 2):
+            raise ValueError("continue_final_message needs a last assistant message without tool calls, after "
+                             "another message")
         return self
 
     def logprobs_k(self) -> int | None:
