@@ -299,7 +299,7 @@ def test_what_agent_clis_send_is_served_not_refused(api):
                            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}]}
     r = httpx.post(api.base + "/v1/responses", json=responses, headers={"authorization": f"Bearer {KEY}"}, timeout=120)
     assert r.status_code == 200, r.text[:400]
-    messages = {"model": MODEL, "max_tokens": 32000, "stream": False, **GREEDY,
+    messages = {"model": MODEL, "max_tokens": 32000, "stream": False, **GREEDY, "stop_sequences": ["\n"],
                 "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
                 "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
                 "output_config": {"effort": "high"}, "metadata": {"user_id": "{}"},
