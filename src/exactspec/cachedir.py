@@ -76,15 +76,19 @@ def machine_key(version: object, *parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
+def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     """Write a cache entry (text or bytes) so that a reader never sees half of it: a temporary file named
-    by this process and the time (processes share the cache), then a rename."""
+    by this process and the time (processes share the cache), created with `mode` (links not followed),
+    then a rename. On failure (a full disk) the temporary file is removed."""
     tmp = path.with_suffix(f".tmp{os.getpid()}-{time.time_ns()}")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data)
-    tmp.replace(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .cachedir import write_atomic
 from .errors import ExactSpecError
 from .speculative.prefix_cache import common_prefix
 
@@ -219,7 +220,7 @@ class DiskPrefixStore:
                              "mac": self._mac(ids, payload)}).encode()
         name = hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest()[:32] + ".kv"
         try:
-            write_private(self.folder / name, MAGIC + len(header).to_bytes(8, "little") + header + payload)
+            write_atomic(self.folder / name, MAGIC + len(header).to_bytes(8, "little") + header + payload, 0o600)
         except OSError:
             self.failed_writes += 1
             raise
@@ -262,20 +263,6 @@ def open_regular(path: Path):
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
-        raise
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """`data` to `path` (mode 0600) through a temporary file renamed into place; on failure (a full disk)
-    the temporary file is removed."""
-    tmp = path.with_suffix(f".tmp{os.getpid()}-{time.time_ns()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
         raise
 
 
