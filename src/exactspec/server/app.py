@@ -51,6 +51,7 @@ CLIENT_CLOSED = 499  # nginx's status for a client that left before the response
 STOP_S = 1.0  # on SIGTERM, how long the worker's current step may take to end
 FIRST_EVENT_S, KEEPALIVE_S = 0.5, 5.0  # a stream starts by then, and shows life this often (a long prefill)
 KEEPALIVE = -1  # the index of a keep-alive among a stream's (index, piece) events
+SAID = 256  # names the server's once-only log lines remember
 T = TypeVar("T")
 
 
@@ -127,8 +128,9 @@ class Routes:
         self.said: set[str] = set()
 
     def say_once(self, what: str, names: list[str]) -> None:
-        """One log line per name the server has not named before (a skipped tool type, an ignored field)."""
-        if new := [n for n in dict.fromkeys(names) if n not in self.said]:
+        """One log line per name the server has not named before (a skipped tool type, an ignored field); the
+        names are clients' strings, so at most SAID of them are remembered (and logged)."""
+        if new := [n[:80] for n in dict.fromkeys(names) if n[:80] not in self.said][:SAID - len(self.said)]:
             self.said.update(new)
             print(f"exactspec: {what}: {', '.join(new)}", file=sys.stderr, flush=True)
 
