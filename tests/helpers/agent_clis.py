@@ -97,22 +97,24 @@ class Served:
         return self.log_path.read_text()
 
 
-def codex(served: Served, home: Path, workdir: Path, prompt: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """`codex exec PROMPT` against `served`, configured by its base URL and key alone."""
+def codex(served, home: Path, workdir: Path, prompt: str, *flags: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`codex exec [FLAGS] PROMPT` against `served` (anything with a `base` URL), configured by its base URL
+    and key alone."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
         'model = "exactspec"\nmodel_provider = "exactspec"\n\n[model_providers.exactspec]\nname = "exactspec"\n'
         f'base_url = "{served.base}/v1"\nwire_api = "responses"\nenv_key = "EXACTSPEC_API_KEY"\n')
     env = {**os.environ, **QUIET, "CODEX_HOME": str(home), "EXACTSPEC_API_KEY": KEY}
-    return subprocess.run([cli("codex"), "exec", "--skip-git-repo-check", "--cd", str(workdir), prompt], env=env,
+    return subprocess.run([cli("codex"), "exec", "--skip-git-repo-check", "--cd", str(workdir), *flags, prompt], env=env,
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def claude(served: Served, home: Path, workdir: Path, prompt: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """`claude -p PROMPT` against `served`, configured by ANTHROPIC_BASE_URL and the key alone."""
+def claude(served, home: Path, workdir: Path, prompt: str, *flags: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`claude -p PROMPT [FLAGS]` against `served` (anything with a `base` URL), configured by
+    ANTHROPIC_BASE_URL and the key alone."""
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **QUIET, "HOME": str(home), "ANTHROPIC_BASE_URL": served.base, "ANTHROPIC_API_KEY": KEY}
-    return subprocess.run([cli("claude"), "-p", prompt], env=env, cwd=workdir, capture_output=True, text=True,
+    return subprocess.run([cli("claude"), "-p", prompt, *flags], env=env, cwd=workdir, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
