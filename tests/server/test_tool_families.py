@@ -306,3 +306,45 @@ def test_a_template_is_read_by_its_call_layout_not_by_a_substring():
     assert family_of(xml) is None and tool_format(xml) == "generic (the chat template's call layout is not a known family's)"
     broken = "{% if tools %}{{ raise_exception('no') }}{% endif %}"
     assert family_of(broken) is None and "cannot render a tool call" in tool_format(broken)
+
+
+NOTE = {"type": "function", "function": {"name": "note", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}}, "required": ["text"]}}}
+PIECES = ["</function>", "<function=get_time>\n", "<function=note>\n", "</parameter>", "<parameter=n>\n", "\n",
+          "<tool_call>", "</tool_call>", "\n</parameter>", "</parameter>\n", "a", " ", "Paris", "{}"]
+
+
+def test_xml_calls_are_read_where_the_grammar_ends_them_whatever_the_values_hold(engines):
+    """qwen3_coder: a string value may hold any markup but its own closing line; the reader ends each
+    value where the grammar does, so a `</function>` or `<function=X>` inside one is that value's text:
+    over random values, every text the grammar accepts reads as exactly the calls written, streamed alike."""
+    import random
+
+    engine, xml = engines["qwen3_coder"], family("qwen3_coder")
+    plan = plan_tools([NOTE, TIME], "auto", xml)
+    matcher_of = lambda: Matcher(engine.grammar_tokenizer(), grammar_from_spec(plan.constraint), engine.target.vocab_size)  # noqa: E731
+    rng, accepted, tricky = random.Random(7), 0, 0
+    for _ in range(300):
+        calls = [("note", {"text": "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 6)))})
+                 for _ in range(rng.randint(1, 2))]
+        if rng.random() < 0.5:
+            calls[0][1]["n"] = rng.randint(-5, 99)
+        text = "Noting.\n" + "\n".join(xml.written(n, a) + "\n</tool_call>" for n, a in calls)
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        if matcher_of().valid_prefix(ids) != len(ids):
+            assert any("\n</parameter>" in a["text"] for _, a in calls), text  # the one thing a value cannot hold
+            continue
+        accepted += 1
+        tricky += any(m in a["text"] for _, a in calls for m in ("</function>", "<function="))
+        content, got = plan.read(text, True)
+        assert content == "Noting.\n" and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                           for c in got] == calls, text
+        reader, streamed, cut = plan.reader(), [], rng.randint(1, 9)
+        for at in range(0, len(text), cut):
+            for kind, piece in reader.feed(text[at:at + cut]):
+                if kind == "call":
+                    streamed.append([piece, ""])
+                elif kind == "arguments":
+                    streamed[-1][1] += piece
+        assert [(n, json.loads(a)) for n, a in streamed] == calls and reader.complete(), text
+    assert accepted >= 100 and tricky >= 30, (accepted, tricky)

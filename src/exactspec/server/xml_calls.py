@@ -12,7 +12,8 @@ A string VALUE is the text itself; any other is JSON (the template writes mappin
 `tojson`, numbers as they print). The grammar holds each call to its tool: the tool's parameters in the
 order of its schema's `properties`, the required ones present, a string's `enum` as its alternatives and
 its `minLength` / `maxLength` as its length, every other value by its schema (`%json`). The reader turns a call into the JSON arguments a client
-expects, each value by its schema's type; a call's arguments go out whole once its `</function>` is in.
+expects, each value by its schema's type; a call's arguments go out whole once its `</function>` is in
+(the one that follows its last value: a value may hold any other text, markup included).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from .call_syntax import CallReading, held_back, lark_literal, regex_literal
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>\n")
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n", re.DOTALL)
+_OPEN, _CLOSE, _END = "<parameter=", "\n</parameter>\n", "</function>"
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,23 @@ class XmlFamily:
         return "\n".join(["start: TEXT | LEAD calls", *rules, text, lead]) + "\n"
 
 
+def _parameters(text: str, at: int, keys) -> tuple[list[tuple[str, str]], int] | None:
+    """A call's parameters from `at` (just past its `<function=NAME>` line), read as the grammar writes
+    them: each opens with one of the tool's `keys` and its value runs to the first closing line after it
+    (a string's terminal cannot hold one; a JSON value holds no raw newline), so a `</function>` or a
+    `<function=X>` inside a value is text of that value -> ((key, raw value) pairs, the index past
+    `</function>`); None while the call is still being written."""
+    params = []
+    while not text.startswith(_END, at):
+        key = next((k for k in keys if text.startswith(f"{_OPEN}{k}>\n", at)), None)
+        close = text.find(_CLOSE, at + len(_OPEN) + len(key) + 2) if key is not None else -1
+        if close < 0:
+            return None
+        params.append((key, text[at + len(_OPEN) + len(key) + 2:close]))
+        at = close + len(_CLOSE)
+    return params, at + len(_END)
+
+
 def _is_text(prop: dict) -> bool:
     """Whether a parameter's value is written as its text (a string), not as JSON."""
     return prop.get("type") == "string" or ("enum" in prop and all(isinstance(v, str) for v in prop["enum"]))
@@ -137,19 +155,18 @@ class XmlReader(CallReading):
                 self.calls.append({"name": m.group(1), "arguments": None})
                 self.at = m.end()
                 out.append(("call", m.group(1)))
-            end = self.text.find("</function>", self.at)
-            if end < 0:
-                return out
             call = self.calls[-1]
-            call["arguments"] = self._arguments(call["name"], self.text[self.at:end])
-            self.at = end + len("</function>")
+            block = _parameters(self.text, self.at, (self.schemas.get(call["name"]) or {}).get("properties") or {})
+            if block is None:
+                return out
+            params, self.at = block
+            call["arguments"] = self._arguments(call["name"], params)
             out.append(("arguments", call["arguments"]))
 
-    def _arguments(self, name: str, block: str) -> str:
+    def _arguments(self, name: str, params: list[tuple[str, str]]) -> str:
         props = (self.schemas.get(name) or {}).get("properties") or {}
         values = {}
-        for m in _PARAMETER.finditer(block):
-            key, raw = m.group(1), m.group(2)
+        for key, raw in params:
             if _is_text(props.get(key) or {}):
                 values[key] = raw
             else:
