@@ -97,12 +97,14 @@ class Served:
         return self.log_path.read_text()
 
 
-def codex(served, home: Path, workdir: Path, prompt: str, *flags: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def codex(served, home: Path, workdir: Path, prompt: str, *flags: str, model: str = "exactspec",
+          timeout: float = 900) -> subprocess.CompletedProcess:
     """`codex exec [FLAGS] PROMPT` against `served` (anything with a `base` URL), configured by its base URL
-    and key alone."""
+    and key alone. `model`: the name Codex asks for (one it has metadata for changes its tools: "gpt-5.5"
+    gets a free-form `apply_patch` tool with a Lark grammar)."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
-        'model = "exactspec"\nmodel_provider = "exactspec"\n\n[model_providers.exactspec]\nname = "exactspec"\n'
+        f'model = "{model}"\nmodel_provider = "exactspec"\n\n[model_providers.exactspec]\nname = "exactspec"\n'
         f'base_url = "{served.base}/v1"\nwire_api = "responses"\nenv_key = "EXACTSPEC_API_KEY"\n')
     env = {**os.environ, **QUIET, "CODEX_HOME": str(home), "EXACTSPEC_API_KEY": KEY}
     return subprocess.run([cli("codex"), "exec", "--skip-git-repo-check", "--cd", str(workdir), *flags, prompt], env=env,

@@ -42,6 +42,13 @@ def codex_script(history: str) -> str:
     return call("exec_command", cmd=f"cat {NOTES}")
 
 
+def codex_free_form_script(history: str) -> str:
+    """Patch the notes with the free-form `apply_patch` tool (raw, under its Lark grammar), say so."""
+    if "+status: final" in history:
+        return "Patched."
+    return f"<tool_call>apply_patch\n{PATCH.split(chr(10), 1)[1].rsplit('EOF', 1)[0]}</tool_call>"
+
+
 def claude_script(history: str) -> str:
     """Read the notes, say so."""
     return "The notes are read." if f"cat {NOTES}" in history else call("Bash", command=f"cat {NOTES}")
@@ -77,6 +84,11 @@ def codex_session():
 
 
 @pytest.fixture
+def codex_free_form_session():
+    yield from session(codex_free_form_script)
+
+
+@pytest.fixture
 def claude_session():
     yield from session(claude_script)
 
@@ -102,6 +114,18 @@ def test_codex_runs_a_command_then_applies_a_patch(codex_session, tmp_path, work
     assert (workdir / NOTES).read_text() == "status: final\n", said(proc)
     accepted(app, "/v1/responses", 3)
     assert any("status: draft" in h and f"cat {NOTES}" in h for h in target.histories), "no tool output came back"
+
+
+def test_codex_edits_with_its_free_form_apply_patch_under_its_lark_grammar(codex_free_form_session, tmp_path, workdir):
+    """Named as a model Codex has metadata for, Codex sends `apply_patch` as a `custom` tool with a Lark
+    grammar: the call is written raw under that grammar, goes out as a `custom_tool_call`, and Codex
+    applies it."""
+    served, target, app = codex_free_form_session
+    proc = codex(served, tmp_path / "codex-home", workdir, "Follow the script.", "--sandbox", "workspace-write",
+                 model="gpt-5.5")
+    assert proc.returncode == 0 and "Patched." in proc.stdout, said(proc)
+    assert (workdir / NOTES).read_text() == "status: final\n", said(proc)
+    accepted(app, "/v1/responses", 2)
 
 
 def test_claude_code_runs_a_command_then_answers(claude_session, tmp_path, workdir):

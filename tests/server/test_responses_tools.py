@@ -111,3 +111,73 @@ def test_the_store_is_bounded_in_bytes_and_metadata_by_the_api_s_limits():
     with pytest.raises(ApiError) as e:
         to_chat({"input": "hi", "store": "false"}, ResponseStore())
     assert e.value.param == "store"
+
+
+CODEX_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": {
+    "type": "grammar", "syntax": "lark", "definition": (
+        'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\nend_patch: "*** End Patch" LF?\n'
+        'hunk: add_hunk | update_hunk\nadd_hunk: "*** Add File: " filename LF add_line+\n'
+        'update_hunk: "*** Update File: " filename LF change?\nfilename: /(.+)/\nadd_line: "+" /(.*)/ LF -> line\n'
+        'change: (change_context | change_line)+\nchange_context: ("@@" | "@@ " /(.+)/) LF\n'
+        'change_line: ("+" | "-" | " ") /(.*)/ LF\n%import common.LF\n')}}
+EDIT = "*** Begin Patch\n*** Update File: a.txt\n@@\n-old\n+new\n*** End Patch\n"
+
+
+@pytest.fixture(scope="module")
+def accepts():
+    """text -> whether a plan's grammar takes it, token by token (the embedded tokenizer)."""
+    from exactspec.embedded import embedded_model_path
+    from exactspec.models.torch_hf import load_tokenizer
+    from exactspec.speculative.grammar import Matcher, grammar_from_spec
+    from exactspec.models.light_tokenizer import llg_tokenizer
+
+    tokenizer = load_tokenizer(embedded_model_path())
+    tok = llg_tokenizer(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+
+    def check(plan, text: str) -> bool:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return Matcher(tok, grammar_from_spec(plan.constraint), len(tokenizer)).valid_prefix(ids) == len(ids)
+
+    return check
+
+
+def test_a_free_form_call_is_written_raw_and_held_to_its_lark_grammar(accepts):
+    """Codex's free-form `apply_patch`: TAG, its name, a newline, the patch, CUSTOM_CLOSE -- the patch under
+    the tool's own Lark grammar (a wrong line is refused), read back as {"input": patch}; a function
+    beside it keeps its JSON call, and text stays text."""
+    from exactspec.server.tools import plan_tools
+
+    plan = plan_tools(read_tools([FUNCTION, CODEX_PATCH]).chat, "auto")
+    call = f"<tool_call>apply_patch\n{EDIT}</tool_call>"
+    assert accepts(plan, call) and accepts(plan, "Done.") and accepts(plan, '<tool_call>{"name":"exec_command","arguments":{"cmd":"ls"}}')
+    assert not accepts(plan, "<tool_call>apply_patch\n*** Begin Patch\nhello\n*** End Patch\n</tool_call>")
+    assert not accepts(plan, '<tool_call>{"name":"apply_patch","arguments":{"input":"x"}}')  # raw, not JSON
+    content, [got] = plan.read(call, True)
+    assert content is None and got["function"]["name"] == "apply_patch"
+    assert json.loads(got["function"]["arguments"]) == {"input": EDIT}
+    assert plan.read(call[:-3], True) == (call[:-3], None)  # cut short: text
+
+
+@pytest.mark.parametrize("form, good, bad", [
+    ({"type": "grammar", "syntax": "regex", "definition": "[0-9]{3}-[a-z]+"}, "123-abc", "12-abc"),
+    ({"type": "text"}, "any text at all\n", "text with </tool_call> inside")])
+def test_regex_and_text_formats_and_a_named_free_form_tool(accepts, form, good, bad):
+    from exactspec.server.tools import plan_tools
+
+    tools = read_tools([{"type": "custom", "name": "note", "format": form}]).chat
+    auto = plan_tools(tools, "auto")
+    assert accepts(auto, f"<tool_call>note\n{good}</tool_call>") and not accepts(auto, f"<tool_call>note\n{bad}</tool_call>")
+    named = plan_tools(tools, {"type": "function", "function": {"name": "note"}})
+    assert json.loads(named.read(good, True)[1][0]["function"]["arguments"]) == {"input": good}
+    if form["type"] == "grammar":
+        assert accepts(named, good) and not accepts(named, bad)
+
+
+def test_a_free_form_tool_with_a_bad_grammar_is_a_400_naming_it():
+    from exactspec.errors import FieldError
+    from exactspec.server.tools import plan_tools
+
+    bad = {"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "lark", "definition": "start: ("}}
+    with pytest.raises(FieldError) as e:
+        plan_tools(read_tools([bad]).chat, "auto")
+    assert e.value.param == "tools[0].format.definition"

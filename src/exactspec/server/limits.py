@@ -59,6 +59,8 @@ def check_constraint(spec: dict | None, param: str) -> None:
             _check_size(len(text.encode()), f"the {kind if kind != 'lark' else 'grammar'}", param)
             if kind != "regex":
                 check_lark(text, param)
+        for sub in (spec.get("subgrammars") or {}).values():  # free-form tools' grammars (tools.plan_tools)
+            check_constraint(sub, param)
     elif kind == "json_schema":
         inner = spec.get("json_schema", spec)
         if isinstance(inner, dict) and isinstance(inner.get("schema"), dict):

@@ -4,8 +4,10 @@
     namespace   a group of function (or custom) tools: each becomes a function named NS__NAME
                 (`flat_name`); a call to it goes back out as `name` NAME with `namespace` NS, the
                 pair the client resolves (and reads in a later turn's `function_call` items)
-    custom      a free-form tool: shown as a function of one string parameter `input`; a call goes
-                back out as a `custom_tool_call` item with that string as its raw `input`
+    custom      a free-form tool: a function of one string parameter `input` that carries the tool's
+                `format` (tools.CUSTOM): the generic format writes its call raw, under its Lark
+                grammar or regex (tools.py); a call goes back out as a `custom_tool_call` item with
+                that string as its raw `input`
     anything else (hosted tools: web_search, file_search, image_generation, code_interpreter,
                 computer_use_preview, mcp, local_shell, ...; and types this server does not know):
                 left out of the prompt and named in `Tools.skipped`, never a refusal -- this server
@@ -17,10 +19,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from .tools import CUSTOM, CUSTOM_INPUT
 from .translate import ApiError
 
 SEPARATOR = "__"  # NS__NAME, the MCP-style flat name (letters, digits, _ and -: a valid function name)
-CUSTOM_INPUT = "input"  # the one parameter a custom tool is shown with
 
 
 @dataclass
@@ -101,6 +103,7 @@ def _add(out: Tools, tool, where: str, namespace: str | None) -> None:
         out.custom.add(flat)
         function["parameters"] = {"type": "object", "properties": {CUSTOM_INPUT: {"type": "string"}},
                                   "required": [CUSTOM_INPUT], "additionalProperties": False}
+        function[CUSTOM] = tool.get("format") if tool.get("format") is not None else {"type": "text"}
     elif tool.get("parameters") is not None:
         function["parameters"] = tool["parameters"]
     out.chat.append({"type": "function", "function": function})

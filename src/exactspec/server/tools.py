@@ -11,6 +11,11 @@ tools, and calls read by `CallReader`:
     "required"                        -> output = {"name": one of the tools, "arguments": {...}}
     "auto" (the default with tools)   -> free text, or TAG followed by such a call
 
+A free-form tool (a Responses `custom` tool: one raw string in, no JSON) is written TAG NAME, a newline,
+its raw input and CUSTOM_CLOSE, the input held to the tool's own grammar (`format`: Lark or regex, a
+subgrammar the call's rule references; text: anything without CUSTOM_CLOSE); its call's arguments are
+{"input": RAW}. Named, the whole output is the raw input.
+
 A call's `arguments` string is the model's own text of the arguments value (compact JSON, see
 JSON_OPTIONS), read by `CallReader` as it is generated: the non-streamed answer and the streamed
 argument deltas are the same characters.
@@ -25,12 +30,15 @@ from dataclasses import dataclass
 
 from ..errors import ExactSpecError, FieldError
 from ..speculative.grammar import JSON_OPTIONS, grammar_from_spec
-from .call_syntax import ValueEnd, rebase
+from .call_syntax import ValueEnd, lark_literal, rebase
 from .families import CallsReader, Family
 from .xml_calls import XmlFamily, XmlReader
-from .limits import MAX_TOOLS, check_schema
+from .limits import MAX_TOOLS, check_constraint, check_schema
 
 TAG = "<tool_call>"
+CUSTOM_CLOSE = "</tool_call>"  # ends a free-form call's raw input
+CUSTOM_INPUT = "input"  # a free-form call's arguments: {"input": RAW}
+CUSTOM = "x-exactspec-custom"  # a function's key holding a free-form tool's `format` (responses_tools.py)
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function name
 
 
@@ -48,6 +56,7 @@ class ToolPlan:
     tools: list[dict] | None = None  # what the chat template gets as `tools` (a family's)
     schemas: dict[str, dict] | None = None  # a family's tools: name -> parameters schema (its reader's)
     shown: dict[int, str] | None = None  # special tokens whose text the output keeps (a family's markup tokens)
+    custom: frozenset[str] = frozenset()  # free-form tools (the generic format): raw input, read as {"input": RAW}
 
     def reader(self) -> "CallReader | CallsReader | XmlReader":
         """A reader of this plan's answer as it streams."""
@@ -90,7 +99,9 @@ class CallReader:
     def __init__(self, plan: ToolPlan) -> None:
         self.plan, self.text = plan, ""
         self.name = plan.names[0] if plan.mode == "named" else None
-        self.body: int | None = None if plan.mode == "auto" else 0  # where the call's JSON starts in text
+        tagged = plan.mode == "auto" or (plan.custom and plan.mode == "required")
+        self.body: int | None = None if tagged else 0  # where the call's JSON starts in text
+        self.raw: int | None = 0 if plan.mode == "named" and self.name in plan.custom else None  # free-form input
         self.start: int | None = 0 if plan.mode == "named" else None  # where the arguments value starts
         self.end: int | None = None  # where it ends (required / auto), once closed
         self.head = 0  # where the name ends (required / auto)
@@ -101,6 +112,9 @@ class CallReader:
 
     @property
     def arguments(self) -> str:
+        if self.raw is not None:  # a free-form call: its raw input, once whole
+            end = len(self.text) - (len(CUSTOM_CLOSE) if self.plan.mode != "named" else 0)
+            return json.dumps({CUSTOM_INPUT: self.text[self.raw:end]}, ensure_ascii=False) if self.complete() else ""
         return "" if self.start is None else self.text[self.start:self.end]
 
     def feed(self, piece: str) -> list[tuple[str, str]]:
@@ -114,11 +128,17 @@ class CallReader:
         if self.free:
             piece, self.sent = self.text[self.sent:], len(self.text)
             return [("content", piece)] if piece else []
+        if self.name is None and self.body is not None and self.plan.custom and self.text[self.body:self.body + 1] not in ("", "{"):
+            line = self.text.find("\n", self.body)  # a free-form call: NAME, a newline, the raw input
+            if line >= 0:
+                self.name, self.raw = self.text[self.body:line], line + 1
         if self.name is None and self.body is not None and (m := _NAME.match(self.text, self.body)):
             self.name, self.head = json.loads(m.group(1)), m.end()
         if self.name is not None and not self.started:
             self.started = True
             out.append(("call", self.name))
+        if self.raw is not None:  # its input goes out whole at the end (`flush`): the grammar says where it ends
+            return out
         if self.start is None and self.name is not None and (m := _ARGUMENTS.match(self.text, self.head)):
             self.start = self.sent = m.end()
         if self.start is not None:
@@ -133,13 +153,19 @@ class CallReader:
 
     def flush(self) -> list[tuple[str, str]]:
         """At the end of the output: held text that never became a call, as content."""
+        if self.raw is not None:
+            return [("arguments", self.arguments)] if self.complete() else []
         if self.started or self.sent >= len(self.text):
             return []
         held, self.sent = self.text[self.sent:], len(self.text)
         return [("content", held)]
 
     def complete(self) -> bool:
-        """A whole call: its arguments (and, required / auto, the whole call object) are valid JSON."""
+        """A whole call: its arguments (and, required / auto, the whole call object) are valid JSON; a
+        free-form call's input closed (named: the grammar held the whole output to its format)."""
+        if self.raw is not None:
+            return self.plan.mode == "named" or (self.text.endswith(CUSTOM_CLOSE)
+                                                  and len(self.text) >= self.raw + len(CUSTOM_CLOSE))
         if self.name is None or self.start is None:
             return False
         try:
@@ -175,7 +201,10 @@ def plan_tools(tools: list | None, tool_choice, family: Family | XmlFamily | Non
         grammar = family.grammar(schemas, mode, parallel, tokens)
         return ToolPlan(mode, list(schemas), {"type": "grammar", "grammar": grammar}, family=family, tools=tools,
                         schemas=schemas, shown={i: text for text, i in tokens.items()} if tokens else None)
-    listing = "\n".join(_listed(n, p, d) for n, (p, d) in functions.items())
+    customs = _customs(tools)
+    listing = "\n".join(_listed(n, p, d, customs.get(n)) for n, (p, d) in functions.items())
+    if customs and (choice in customs or choice in ("auto", "required")):
+        return _free_form_plan(choice, names, functions, customs, listing)
     if choice not in ("auto", "required"):
         name = choice
         schema = {**functions[name][0], "x-guidance": JSON_OPTIONS}
@@ -195,12 +224,84 @@ def plan_tools(tools: list | None, tool_choice, family: Family | XmlFamily | Non
     return ToolPlan("auto", names, {"type": "grammar", "grammar": lark}, prompt)
 
 
-def _listed(name: str, parameters: dict, description: str) -> str:
+def _listed(name: str, parameters: dict, description: str, form: dict | None = None) -> str:
     """One tool's line of the generic format's listing: compact JSON, without what only a validator reads
-    (`$schema`, `$id`): the model reads the tool, the grammar holds it to its schema."""
+    (`$schema`, `$id`): the model reads the tool, the grammar holds it to its schema. A free-form tool
+    shows its `format` (its grammar's text) in place of parameters."""
+    if form is not None:
+        return json.dumps({"name": name, "description": description, "format": form}, ensure_ascii=False,
+                          separators=(",", ":"))
     shown = {k: v for k, v in parameters.items() if k not in ("$schema", "$id")}
     return json.dumps({"name": name, "description": description, "parameters": shown}, ensure_ascii=False,
                       separators=(",", ":"))
+
+
+def _free_form_plan(choice: str, names: list[str], functions: dict, customs: dict[str, dict],
+                    listing: str) -> ToolPlan:
+    """The generic format's plan where free-form tools are offered: TAG, then a JSON call to a function
+    or NAME + newline + raw input + CUSTOM_CLOSE for a free-form tool, each input under its format."""
+    custom = frozenset(customs)
+    if choice in customs:  # named: the output is the raw input
+        prompt = f"Call the tool {choice}. Reply with its raw input only, as its format says.\n{listing}"
+        return ToolPlan("named", [choice], _format_spec(customs[choice]), prompt, custom=custom)
+    rules, body, subgrammars = [], [], {}
+    plain = [n for n in names if n not in customs]
+    if plain:
+        calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": n}, "arguments": rebase(
+                     functions[n][0], f"#/anyOf/{i}/properties/arguments")}, "required": ["name", "arguments"],
+                            "additionalProperties": False} for i, n in enumerate(plain)], "x-guidance": JSON_OPTIONS}
+        body.append("call")
+        rules.append(f"call: %json {json.dumps(calls)}")
+    for i, (name, form) in enumerate(customs.items()):
+        body.append(f"c{i}")
+        spec = _format_spec(form)
+        if spec["type"] == "text":
+            rules += [f"c{i}: {lark_literal(name + chr(10))} R{i}",
+                      f"R{i}: /(.|\\n)*<\\/tool_call>/ & ~/(.|\\n)*<\\/tool_call>(.|\\n)+/"]
+        else:
+            subgrammars[f"g{i}"] = spec
+            rules.append(f"c{i}: {lark_literal(name + chr(10))} @g{i} {lark_literal(CUSTOM_CLOSE)}")
+    start = f'start: "{TAG}" body' if choice == "required" else f'start: TEXT | "{TAG}" body\nTEXT: /[^<](.|\\n)*/'
+    lark = "\n".join([start, f"body: {' | '.join(body)}", *rules]) + "\n"
+    prompt = (f'{"Call" if choice == "required" else "You may call"} one of these tools: a function by replying '
+              f'{TAG}{{"name": ..., "arguments": {{...}}}}, a tool with a "format" by replying {TAG} then its name, '
+              f"a newline, its raw input as the format says, and {CUSTOM_CLOSE}"
+              f'{"" if choice == "required" else "; or answer in text"}.\n{listing}')
+    return ToolPlan(choice, names, {"type": "grammar", "grammar": lark, "subgrammars": subgrammars}, prompt,
+                    custom=custom)
+
+
+def _format_spec(form: dict) -> dict:
+    """A free-form tool's `format` -> a constraint spec: its Lark grammar or regex, or text."""
+    if form.get("type") != "grammar":
+        return {"type": "text"}
+    if form.get("syntax") == "regex":
+        return {"type": "regex", "regex": form["definition"]}
+    return {"type": "grammar", "grammar": form["definition"]}
+
+
+def _customs(tools: list) -> dict[str, dict]:
+    """name -> `format` of each free-form tool (a function carrying CUSTOM; checked by `_functions`)."""
+    return {t["function"]["name"]: t["function"][CUSTOM] for t in tools
+            if isinstance(t.get("function"), dict) and CUSTOM in t["function"]}
+
+
+def check_format(form, where: str) -> None:
+    """A free-form tool's `format`: {"type": "text"} or {"type": "grammar", "syntax": "lark" | "regex",
+    "definition": ...}, its grammar compiled (a FieldError names the field)."""
+    if not isinstance(form, dict) or form.get("type") not in ("text", "grammar"):
+        raise FieldError(f'{where}.format must be {{"type": "text"}} or {{"type": "grammar", "syntax", "definition"}}',
+                         f"{where}.format")
+    if form["type"] == "text":
+        return
+    if form.get("syntax") not in ("lark", "regex") or not isinstance(form.get("definition"), str):
+        raise FieldError(f'{where}.format needs "syntax" (lark or regex) and a "definition" string', f"{where}.format")
+    spec = _format_spec(form)
+    try:
+        check_constraint(spec, f"{where}.format.definition")
+        grammar_from_spec(spec)
+    except ExactSpecError as e:
+        raise FieldError(f"{where}.format.definition: {e}", f"{where}.format.definition") from None
 
 
 def check_choice(tool_choice, names: list[str]) -> str:
@@ -265,6 +366,8 @@ def _functions(tools: list) -> dict[str, tuple[dict, str]]:
             raise FieldError(f"{where}.function.parameters must be a JSON schema object",
                              f"{where}.function.parameters")
         check_schema(params, f"{where}.function.parameters")
+        if CUSTOM in fn:
+            check_format(fn[CUSTOM], where)
         try:
             grammar_from_spec({"type": "json_schema", "json_schema": {"name": name, "schema": params}})
         except ExactSpecError as e:

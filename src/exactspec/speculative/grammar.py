@@ -9,6 +9,7 @@ masks and forced tokens `law.TargetLaw` applies (the exactness argument lives th
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import torch
@@ -31,7 +32,8 @@ def grammar_from_spec(spec) -> str | None:
     """A constraint spec -> an llguidance grammar (None: unconstrained). Accepts OpenAI's
     `response_format` ({"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
     "strict"}}), the extensions {"type": "regex", "regex": RE} and {"type": "grammar" | "lark", "grammar":
-    LARK}, a JSON schema dict under {"type": "json_schema", "schema": ...}, or a pydantic model class."""
+    LARK} (with "subgrammars": {NAME: spec}, grammars its `@NAME` references), a JSON schema dict under
+    {"type": "json_schema", "schema": ...}, or a pydantic model class."""
     llg = _llg()
     if spec is None:
         return None
@@ -65,11 +67,31 @@ def grammar_from_spec(spec) -> str | None:
         text = spec.get("grammar", spec.get("lark"))
         if not isinstance(text, str):
             raise ExactSpecError("a grammar constraint needs 'grammar': a Lark grammar as a string")
-        grammar = _checked(llg.LLMatcher.grammar_from_lark(text), "grammar", strict=False)
+        grammar = llg.LLMatcher.grammar_from_lark(text)
+        if spec.get("subgrammars"):  # checked whole: alone, its `@name` references are unknown
+            grammar = _with_subgrammars(grammar, spec["subgrammars"])
+        grammar = _checked(grammar, "grammar", strict=False)
         if endless := nonterminating(text):  # llguidance compiles these, then allows "x" forever
             raise ExactSpecError(f"invalid grammar: it has no finite derivation: {_endless(endless)}")
         return grammar
     raise ExactSpecError(f"unknown constraint type {kind!r}: choose text, json_object, json_schema, regex or grammar")
+
+
+def _with_subgrammars(grammar: str, subgrammars: dict) -> str:
+    """A Lark grammar's compiled form with more grammars beside it, each a constraint spec under the
+    name its `@name` references give it (a free-form tool's Lark grammar or regex, inside a call)."""
+    top = _top_level(grammar)
+    for name, sub in subgrammars.items():
+        compiled = grammar_from_spec(sub)
+        if compiled is None:
+            raise ExactSpecError(f"subgrammar {name!r} constrains nothing")
+        top["grammars"].append({**_top_level(compiled)["grammars"][0], "name": name})
+    return json.dumps(top)
+
+
+def _top_level(grammar: str) -> dict:
+    """llguidance's grammar list of a compiled grammar (a JSON list of grammars, or bare Lark text)."""
+    return json.loads(grammar) if grammar.lstrip().startswith("{") else {"grammars": [{"lark_grammar": grammar}]}
 
 
 def _endless(rules: list[str]) -> str:
