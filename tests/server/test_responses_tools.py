@@ -181,3 +181,18 @@ def test_a_free_form_tool_with_a_bad_grammar_is_a_400_naming_it():
     with pytest.raises(FieldError) as e:
         plan_tools(read_tools([bad]).chat, "auto")
     assert e.value.param == "tools[0].format.definition"
+
+
+def test_an_earlier_free_form_call_is_rendered_raw_as_the_model_writes_it():
+    """A later turn's history shows a free-form call the way the model writes one (its raw input), and
+    a function call as JSON: the generic format's examples match its grammar."""
+    from exactspec.server.history import for_template
+    from exactspec.server.tools import plan_tools
+
+    items = [{"type": "message", "role": "user", "content": "edit"},
+             {"type": "custom_tool_call", "call_id": "b", "name": "apply_patch", "input": EDIT},
+             {"type": "custom_tool_call_output", "call_id": "b", "output": "applied"}]
+    plan = plan_tools(read_tools([FUNCTION, CODEX_PATCH]).chat, "auto")
+    shown = for_template(input_messages(items), None, plan.custom)
+    assert shown[1]["content"] == f"<tool_call>apply_patch\n{EDIT}</tool_call>"
+    assert '"arguments"' in for_template(input_messages(items), None)[1]["content"]  # not free-form: JSON

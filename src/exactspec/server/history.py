@@ -8,6 +8,7 @@ A template without tool syntax (SmolLM2's ChatML) gets the documented text rende
 format the server's own tool calls use (tools.TAG):
 
     assistant:  <content>\\n<tool_call>{"name": N, "arguments": {...}}</tool_call>   (one line per call)
+                a free-form tool's call: <tool_call>N\\n<raw input></tool_call>
     tool:       <tool_response name="N" id="ID">\\n<content>\\n</tool_response>
 """
 
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import json
 
-from .tools import TAG
+from .tools import CUSTOM_CLOSE, CUSTOM_INPUT, TAG
 
-END_TAG = "</tool_call>"
+END_TAG = CUSTOM_CLOSE
 
 
 def name_tool_results(messages: list[dict]) -> list[dict]:
@@ -37,13 +38,15 @@ def knows_tools(template: str | None) -> bool:
     return bool(template) and "tool_calls" in template
 
 
-def for_template(messages: list[dict], template: str | None) -> list[dict]:
+def for_template(messages: list[dict], template: str | None, custom: frozenset[str] = frozenset()) -> list[dict]:
     """`ChatCompletionRequest.chat()` messages -> the messages to render with `template`. A `developer`
-    message is a system message where the template has no such role (OpenAI's newer name for it)."""
-    render = _structured if knows_tools(template) else _as_text
+    message is a system message where the template has no such role (OpenAI's newer name for it).
+    `custom`: the free-form tools' names (tools.ToolPlan.custom): in the generic format their earlier
+    calls are written as the model writes them, raw."""
     developer = bool(template) and "developer" in template
-    return [render(m if developer or m["role"] != "developer" else {**m, "role": "system"})
-            for m in name_tool_results(messages)]
+    return [_structured(m) if knows_tools(template) else _as_text(m, custom)
+            for m in (m if developer or m["role"] != "developer" else {**m, "role": "system"}
+                      for m in name_tool_results(messages))]
 
 
 def fold_late_system(messages: list[dict]) -> list[dict]:
@@ -74,6 +77,15 @@ def _arguments(text: str):
         return text
 
 
+def _call_text(name: str, arguments: str, custom: frozenset[str]) -> str:
+    """An earlier call in the generic format: JSON, or a free-form tool's raw input (tools.py)."""
+    value = _arguments(arguments) if name in custom else None
+    raw = value.get(CUSTOM_INPUT) if isinstance(value, dict) else None
+    if isinstance(raw, str):
+        return f"{TAG}{name}\n{raw}{END_TAG}"
+    return f'{TAG}{{"name": {json.dumps(name)}, "arguments": {arguments}}}{END_TAG}'
+
+
 def _structured(message: dict) -> dict:
     calls = message.get("tool_calls")
     if not calls:
@@ -84,11 +96,10 @@ def _structured(message: dict) -> dict:
                                       for c in calls]}
 
 
-def _as_text(message: dict) -> dict:
+def _as_text(message: dict, custom: frozenset[str] = frozenset()) -> dict:
     out = {"role": message["role"], "content": message["content"]}
     if message.get("tool_calls"):
-        lines = [f'{TAG}{{"name": {json.dumps(c["function"]["name"])}, "arguments": {c["function"]["arguments"]}}}'
-                 f"{END_TAG}" for c in message["tool_calls"]]
+        lines = [_call_text(c["function"]["name"], c["function"]["arguments"], custom) for c in message["tool_calls"]]
         out["content"] = "\n".join(([message["content"]] if message["content"] else []) + lines)
     elif message["role"] == "tool":
         attrs = "".join(f' {key}={json.dumps(message[field])}' for key, field in (("name", "name"),

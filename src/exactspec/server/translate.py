@@ -54,7 +54,7 @@ def plan_chat(engine: Engine, body: ChatCompletionRequest,
         tools = plan_tools(body.tools, body.tool_choice, family, True if parallel is None else parallel, tokens)
     except FieldError as e:
         raise ApiError(400, str(e), e.param) from None
-    messages = for_template(body.chat(), template)
+    messages = for_template(body.chat(), template, tools.custom if tools is not None else frozenset())
     prefill = messages.pop()["content"] if body.continue_final_message else ""
     if tools is not None and tools.family is None:  # the generic format: the tools in the system message
         if messages[0]["role"] == "system":
