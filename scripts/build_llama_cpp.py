@@ -8,14 +8,19 @@ history and figures are in docs/llama-cpp.md. The load-time self-test (models/ll
 decides by measuring which settings are bit-exact on the machine at hand.
 
 The wheel is cached under the exactspec cache (`cachedir.cache_dir`), named by the patch level (the
-version label the last patch sets), so later set-ups take seconds; the sdist too (`fetch_sdist`: the
-suite checks the patches against it). CMAKE_ARGS and CMAKE_BUILD_PARALLEL_LEVEL from the environment reach
+version label the last patch sets), in a folder per build target (`build_key`: the CPU's model,
+architecture and flags, the compiler, CMAKE_ARGS -- the build is -march=native, so a home folder shared
+by machines of another ISA builds its own), so later set-ups take seconds; the sdist too (`fetch_sdist`:
+the suite checks the patches against it). CMAKE_ARGS and CMAKE_BUILD_PARALLEL_LEVEL from the environment reach
 the build (the Makefile passes them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -79,6 +84,23 @@ def wheel(out: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def build_key() -> str:
+    """What the build's machine code depends on beside the sources: the CPU (-march=native), the C
+    compiler and CMAKE_ARGS."""
+    from exactspec.device import cpu_flags, cpu_name
+
+    cc = os.environ.get("CC") or shutil.which("cc") or "cc"
+    try:
+        compiler = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    except OSError:
+        compiler = cc
+    args = " ".join(os.path.basename(a) if os.path.isabs(a) else a  # a clone's own path is not the build's
+                    for a in os.environ.get("CMAKE_ARGS", "").replace("=", "= ").split()).replace("= ", "=")
+    text = "|".join([cpu_name(), platform.machine(), " ".join(sorted(cpu_flags())), compiler, args])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 if __name__ == "__main__":
-    out = cache_dir("wheels")
+    out = cache_dir("wheels") / build_key()
+    out.mkdir(exist_ok=True)
     print(wheel(out) or build(out))

@@ -559,10 +559,47 @@ def test_an_amx_cpu_keeps_repacked_weights_with_every_row_on_the_one_row_kernel(
     from exactspec.models.llamacpp import runtime
 
     monkeypatch.delenv("EXACTSPEC_LLAMACPP_REPACK", raising=False)
-    monkeypatch.delenv(runtime.AMX_ROWS, raising=False)
     monkeypatch.setattr(runtime, "_PROBED", {})
     assert runtime.resolve_repack(embedded_model_path()) is True
-    assert (os.environ.get(runtime.AMX_ROWS) == "1") == runtime.cpu_has_amx()
+    assert (os.environ.get(runtime.AMX_ROWS) == "1") == runtime.cpu_has_amx()  # set at the module's import
+
+
+SWITCHES = """
+import os, sys
+if sys.argv[1] == "first":
+    import llama_cpp
+from exactspec.models.llamacpp import numerics, runtime
+before = runtime.kernel_switches()
+os.environ[runtime.KQUANT_TILES] = "0"  # too late: the library read it (or will, as it was)
+print(before, runtime.kernel_switches(), sep="\\n")
+"""
+
+
+@pytest.mark.parametrize("order", ["ours", "first"])
+def test_the_kernel_switches_are_keyed_as_the_library_latched_them(order):
+    """The switches are set when the runtime module is imported, before any load, and a verdict's key
+    holds them as they were then: a later change to the environment (which the library never reads
+    again) changes no key; llama_cpp imported before them (it may have computed under others) is keyed
+    `unsure`, so no verdict measured under known switches is served to it."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXACTSPEC_KQUANT") and not k.startswith("EXACTSPEC_AMX")}
+    out = subprocess.run([sys.executable, "-c", SWITCHES, order], capture_output=True, text=True, env=env, timeout=120)
+    before, after = out.stdout.split()
+    assert before == after and "EXACTSPEC_KQUANT_TILES=1" in before, out.stderr
+    assert before.endswith(",unsure") == (order == "first")
+
+
+def test_a_verdict_is_keyed_by_the_build_it_was_measured_with(monkeypatch):
+    """The libraries' bytes (CPU, compiler and flags of the build) are part of the verdict's key."""
+    from exactspec.models.llamacpp import numerics, runtime
+
+    one = numerics.key("model", {"n_ctx": 1}, True)
+    monkeypatch.setattr(runtime, "build_identity", lambda: "another build")
+    assert numerics.key("model", {"n_ctx": 1}, True) != one
+    monkeypatch.undo()
+    assert runtime.build_identity() and all(len(part) == 12 for part in runtime.build_identity().split(","))
 
 
 def test_amx_tiles_decode_on_the_patched_build():

@@ -170,19 +170,19 @@ class Routes:
 
     async def responses(self, body: dict, request: Request) -> Response:
         """OpenAI Responses (openai_responses.py): one translator, the chat request, behind it."""
-        check_text(body)
-        chat, conversation, tools = openai_responses.to_chat(body, self.store)
+        # off the event loop: a stored conversation's copy and a long body's scan take time
+        chat, conversation, tools = await self.preparer.run(_checked_chat, body, self.store)
         self.say_once("tools this server does not run, left out of the prompt", tools.skipped)
         door = openai_responses.ResponsesDoor(body, conversation, self.store, self.model_name, tools)
         return await self.through(request, chat, RESPONSES, door)
 
     async def response_input_tokens(self, body: dict) -> dict:
         """The tokens a Responses request's prompt would have."""
-        chat, _, _ = openai_responses.to_chat({**body, "stream": False}, self.store)
+        chat, _, _ = await self.preparer.run(openai_responses.to_chat, {**body, "stream": False}, self.store)
         return {"object": "response.input_tokens", "input_tokens": await self.count(chat, RESPONSES)}
 
     async def stored_response(self, response_id: str) -> dict:
-        return self.store.get(response_id)[0]
+        return (await self.preparer.run(self.store.get, response_id))[0]
 
     async def delete_response(self, response_id: str) -> dict:
         self.store.delete(response_id)
@@ -327,6 +327,12 @@ class Routes:
 
 
 RENAMED = {RESPONSES: {"max_tokens": "max_output_tokens", "messages": "input"}}  # chat's name -> the door's
+
+
+def _checked_chat(body: dict, store: openai_responses.ResponseStore):
+    """A Responses body checked for lone surrogates, then translated (openai_responses.to_chat)."""
+    check_text(body)
+    return openai_responses.to_chat(body, store)
 
 
 def chat_request(chat: dict, endpoint: str) -> ChatCompletionRequest:

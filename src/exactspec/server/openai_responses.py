@@ -14,7 +14,6 @@ json_schema), `max_output_tokens`, `temperature`, `top_p`, `parallel_tool_calls`
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 import time
@@ -39,17 +38,20 @@ EXTENSIONS = ("top_k", "min_p", "seed", "gamma", "lenience", "verification", "lo
 class ResponseStore:
     """Stored responses by id: the whole conversation each ended (instructions apart, which the API does
     not carry over) and the response object, at most `entries` of them in at most `budget_mb` MiB (their
-    JSON's size; least recently used dropped first; one larger than the budget is not kept)."""
+    JSON's size; least recently used dropped first; one larger than the budget is not kept). The server
+    reads and writes it off the event loop (app.Routes: the preparing thread)."""
 
     def __init__(self, entries: int = STORE_ENTRIES, budget_mb: float = STORE_MB) -> None:
         self.entries, self.budget, self.used = entries, int(budget_mb * 2**20), 0
         self._items, self._lock = OrderedDict(), threading.Lock()
 
     def put(self, response: dict, messages: list[dict]) -> None:
-        size = len(json.dumps(response)) + len(json.dumps(messages))
+        """Kept as JSON text (its size is its cost; each `get` reads a copy of its own)."""
+        kept = (json.dumps(response), json.dumps(messages))
+        size = len(kept[0]) + len(kept[1])
         if size > self.budget:
             return
-        kept = (copy.deepcopy(response), messages, size)
+        kept = (*kept, size)
         with self._lock:
             if (old := self._items.pop(response["id"], None)) is not None:
                 self.used -= old[2]
@@ -72,7 +74,7 @@ class ResponseStore:
                                "previous_response_id", "previous_response_not_found")
             self._items.move_to_end(response_id)
             response, messages, _ = self._items[response_id]
-            return response, messages
+        return json.loads(response), json.loads(messages)
 
 
 def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict], Tools]:
@@ -86,7 +88,7 @@ def to_chat(body: dict, store: ResponseStore) -> tuple[dict, list[dict], Tools]:
     if previous is not None:
         if not isinstance(previous, str):
             raise ApiError(400, "previous_response_id must be a string", "previous_response_id")
-        history = copy.deepcopy(store.get(previous)[1])
+        history = store.get(previous)[1]  # a copy of its own
     conversation = history + input_messages(body.get("input"))
     chat = {key: body[key] for key in ("model", "temperature", "top_p", "stream", "parallel_tool_calls", *EXTENSIONS)
             if key in body}

@@ -307,13 +307,15 @@ def pick(trials: list[tuple[Setting, float, float, float]]) -> Verdict:
 
 
 def key(identity: str, settings: dict, repack: bool) -> str:
-    """CPU (machine_key) + llama-cpp-python version + the caller's settings + the model file's identity."""
+    """CPU (machine_key) + llama-cpp-python version + its libraries' bytes (the build: CPU, compiler,
+    flags) + the caller's settings + the kernel switches + the model file's identity."""
     import llama_cpp
 
-    from .runtime import kernel_switches, repack_label
+    from .runtime import build_identity, kernel_switches, repack_label
 
     text = json.dumps(settings, sort_keys=True, default=str)
-    return machine_key(VERSION, llama_cpp.__version__, text, repack_label(repack), kernel_switches(), identity)
+    return machine_key(VERSION, llama_cpp.__version__, build_identity(), text, repack_label(repack), kernel_switches(),
+                       identity)
 
 
 GIVEN = ("type_k", "type_v", "n_ubatch")  # a caller's own choice of these is kept as given

@@ -96,13 +96,33 @@ ll.eval([1])
 
 AMX_ROWS = "EXACTSPEC_AMX_ROWS"  # read by the build's AMX buffer (scripts/llama_cpp_patches/08-*)
 KQUANT_TILES = "EXACTSPEC_KQUANT_TILES"  # read by the build's K-quant kernels and repack (patch 12)
-os.environ.setdefault(KQUANT_TILES, "1")  # read once, at the library's first product: set before any load
+# The library reads each switch once, into a C static, at its first product: both are set here, at
+# import, before this process loads a model; what they are then is what the library computes with.
+_BEFORE_US = "llama_cpp" in sys.modules  # imported (and maybe run) before the switches were set
+os.environ.setdefault(KQUANT_TILES, "1")
+if cpu_has_amx():
+    os.environ.setdefault(AMX_ROWS, "1")
+_SWITCHES = ",".join(f"{name}={os.environ.get(name, '')}" for name in (AMX_ROWS, KQUANT_TILES))
 
 
 def kernel_switches() -> str:
-    """The patched build's kernel switches as this process set them: every measured verdict and every KV
-    snapshot on disk is keyed by them (a verdict taken with the kernels off is not one with them on)."""
-    return ",".join(f"{name}={os.environ.get(name, '')}" for name in (AMX_ROWS, KQUANT_TILES))
+    """The patched build's kernel switches as the library latched them (as set at this module's import:
+    a later change to the environment changes nothing in the library, nor here), `unsure` where
+    llama_cpp was imported first (it may have computed under others): every measured verdict and every
+    KV snapshot on disk is keyed by them, so a verdict is served only for the switches it was measured
+    with (a verdict taken with the kernels off is not one with them on)."""
+    return _SWITCHES + (",unsure" if _BEFORE_US else "")
+
+
+def build_identity() -> str:
+    """The llama.cpp libraries this process loads, by content: their machine code holds the CPU they
+    were built for, the compiler and its flags, which no version label says."""
+    from pathlib import Path
+
+    from ...cachedir import content_hash
+
+    lib = Path(import_llama_cpp().__file__).with_name("lib")
+    return ",".join(content_hash(f)[:12] for f in sorted(lib.glob("lib*.so*")) if f.is_file() and not f.is_symlink())
 
 
 def resolve_repack(path: str, repack: bool | None = None) -> bool:
@@ -111,7 +131,7 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
     decoding with this model dies from a signal (cached per process and file; costs one model load).
 
     Where the CPU advertises AMX the AMX buffer's multi-row Q4_0 / Q4_1 / Q8_0 products run each row
-    through the one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1, set here for this process and the probe:
+    through the one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1, set at this module's import, the probe's too:
     faster than the tiles for a verification pass's few rows); K-quants keep AMX tiles, whose
     configuration a GCC 12 build of stock llama.cpp drops (SIGILL at the first decode; the build's patch
     11 keeps it). Both give blocks equal to one-token steps bit for bit. The probe still decides.
@@ -120,8 +140,6 @@ def resolve_repack(path: str, repack: bool | None = None) -> bool:
     AVX-512 VNNI; Q4_K, Q5_K and Q6_K with AVX2) take the build's K-quant kernels, their weights left
     unrepacked (EXACTSPEC_KQUANT_TILES=1, set when this module is imported: patch 12), so their blocks
     equal one-token steps too; other types and MoE experts keep llama.cpp's kernels (by tolerance)."""
-    if cpu_has_amx():
-        os.environ.setdefault(AMX_ROWS, "1")  # before any load of this process, a repack chosen by hand too
     if repack is not None:
         return repack
     env = os.environ.get("EXACTSPEC_LLAMACPP_REPACK")
