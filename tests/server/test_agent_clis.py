@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 
-from ..helpers.agent_clis import QUIET, Served, claude, cli, codex, said
+from ..helpers.agent_clis import KEY, QUIET, Served, claude, cli, codex, said
 from ..helpers.cli import assert_one_line_error
 from ..helpers.servers import _free_port
 from ..helpers.gguf_models import answering_gguf
@@ -74,3 +74,40 @@ def test_launch_refuses_a_cli_that_is_not_installed():
     proc = subprocess.run([sys.executable, "-m", "exactspec.cli", "launch", "claude"], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PATH": "/nonexistent"}, stdin=subprocess.DEVNULL)
     assert_one_line_error(proc, "claude is not installed")
+
+
+def test_sigterm_stops_the_server_in_the_middle_of_a_long_prefill(tmp_path):
+    """A coding agent's first prompt takes tens of seconds to prefill on a CPU: SIGTERM then stops the
+    server promptly all the same (its grace for open requests, then the worker's current chunk; 1.4 s
+    here, docs/server.md), with its closing log line and no traceback. A hang check, not a timing: the
+    bound is wide."""
+    import random
+    import threading
+    import time
+
+    import httpx
+
+    served = Served(tmp_path, "--prefix-cache-dir", "none")  # the embedded model, its default context
+    rng = random.Random(0)
+    prompt = " ".join(rng.choice(["tool", "file", "line", "result", "the", "of", "run"]) for _ in range(5000))
+    body = {"model": "x", "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": prompt}]}
+
+    def ask():
+        try:
+            with httpx.stream("POST", f"{served.base}/v1/chat/completions", json=body, timeout=120,
+                              headers={"Authorization": f"Bearer {KEY}"}) as response:
+                for _ in response.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            pass  # cut off by the stop: expected
+
+    threading.Thread(target=ask, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while "POST /v1/chat/completions" not in served.log_path.read_text():  # its stream has opened: prefilling
+        assert time.monotonic() < deadline, served.log_path.read_text()[-2000:]
+        time.sleep(0.1)
+    time.sleep(1.0)
+    started = time.monotonic()
+    log = served.stop()
+    assert time.monotonic() - started < 15 and served.process.returncode is not None, log[-2000:]
+    assert "exactspec: server stopped" in log and "Traceback" not in log, log[-2000:]

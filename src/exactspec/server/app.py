@@ -48,7 +48,7 @@ CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 RESPONSES, MESSAGES = openai_responses.ENDPOINT, anthropic_messages.ENDPOINT
 ENDPOINTS = (CHAT, TEXT, RESPONSES, MESSAGES)  # counted by /metrics per endpoint
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the response was complete
-STOP_S = 1.0  # on SIGTERM, how long the worker's current step may take to end
+STOP_S = 0.5  # on SIGTERM, how long the worker's current step may take to end (a prefill chunk: ~0.2 s)
 FIRST_EVENT_S, KEEPALIVE_S = 0.5, 5.0  # a stream starts by then, and shows life this often (a long prefill)
 KEEPALIVE = -1  # the index of a keep-alive among a stream's (index, piece) events
 SAID = 256  # names the server's once-only log lines remember
@@ -80,7 +80,8 @@ def create_app(engine: Engine, model_name: str = "exactspec", max_rows: int = 16
         if cache is not None and cache.spill is not None:
             cache.spill.flush()  # snapshots still being written reach the disk before the process ends
         if not routes.worker.alive:
-            routes.worker.save_costs()  # T(k) as serving refined it (a quiet machine's): the next start's
+            routes.worker.save_costs()  # T(k) as serving refined it (a quiet machine's): the next start's prices
+        print("exactspec: server stopped", file=sys.stderr, flush=True)  # uvicorn then re-raises the signal
 
     app = FastAPI(title="exactspec", summary="exact speculative decoding, OpenAI-compatible", lifespan=lifespan)
     app.state.engine, app.state.worker, app.state.metrics, app.state.routes = engine, routes.worker, metrics, routes

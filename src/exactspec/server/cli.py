@@ -11,7 +11,7 @@ import threading
 from ..errors import ExactSpecError
 from ..speculative.params import PREFILL_CHUNK
 
-STOP_GRACE_S = 1  # on SIGTERM, how long open requests (streams) get before they are cancelled
+STOP_GRACE_S = 0.5  # on SIGTERM, how long open requests (streams) get before they are cancelled
 
 
 def add_serve_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -82,7 +82,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(engine, model_name(args), args.max_rows, max_tokens_default=args.max_tokens_default or None,
                      api_key=api_key, responses_store_mb=args.responses_store_mb)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=STOP_GRACE_S)
-    print("exactspec: server stopped", file=sys.stderr, flush=True)
     if any(t.name == "exactspec-worker" and t.is_alive() for t in threading.enumerate()):
         sys.stdout.flush()
         os._exit(0)  # still inside one llama.cpp call (a prefill chunk): no interpreter teardown under it
