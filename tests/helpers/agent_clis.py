@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-PINNED = {"codex": ("@openai/codex", "0.169.0"), "claude": ("@anthropic-ai/claude-code", "2.1.328")}
+PINNED = {"codex": ("@openai/codex", "0.169.0"), "claude": ("@anthropic-ai/claude-code", "2.1.328"),
+          "qwen": ("@qwen-code/qwen-code", "0.24.4")}
 KEY = "sk-agent-cli-test"
 QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
          "DISABLE_ERROR_REPORTING": "1", "NO_COLOR": "1", "CI": "true"}
@@ -117,6 +118,16 @@ def claude(served, home: Path, workdir: Path, prompt: str, *flags: str, timeout:
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **QUIET, "HOME": str(home), "ANTHROPIC_BASE_URL": served.base, "ANTHROPIC_API_KEY": KEY}
     return subprocess.run([cli("claude"), "-p", prompt, *flags], env=env, cwd=workdir, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def qwen(served, home: Path, workdir: Path, prompt: str, *flags: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`qwen -p PROMPT [FLAGS]` (Qwen Code: OpenAI chat completions) against `served`, configured by
+    OPENAI_BASE_URL, the key and a model name alone."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **QUIET, "HOME": str(home), "OPENAI_BASE_URL": f"{served.base}/v1", "OPENAI_API_KEY": KEY,
+           "OPENAI_MODEL": "exactspec"}
+    return subprocess.run([cli("qwen"), "-p", prompt, *flags], env=env, cwd=workdir, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 

@@ -1,7 +1,7 @@
-"""The real coding-agent CLIs, pinned from npm (tests/helpers/agent_clis.py), against a real `exactspec
-serve` on loopback, each configured only by base URL and key as its docs say: a one-line prompt gets the
-model's answer printed (exit 0, no API error), and every request the CLI sent was served (no 4xx, no 5xx
-in the server's access log). The CLIs send what they send -- namespace groups, hosted tools, developer
+"""The real coding-agent CLIs (Codex CLI, Claude Code, Qwen Code), pinned from npm
+(tests/helpers/agent_clis.py), against a real `exactspec serve` on loopback, each configured only by base
+URL and key as its docs say: a one-line prompt gets the model's answer printed (exit 0, no API error),
+and every request the CLI sent was served (no 4xx, no 5xx in the server's access log). The CLIs send what they send -- namespace groups, hosted tools, developer
 items, mid-conversation system messages, `?beta=true`, 32,000-token budgets -- so no body here is ours.
 
 The target is a real GGUF run by the real llama.cpp engine, with the embedded model's tokenizer and chat
@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 
-from ..helpers.agent_clis import KEY, QUIET, Served, claude, cli, codex, said
+from ..helpers.agent_clis import KEY, QUIET, Served, claude, cli, codex, qwen, said
 from ..helpers.cli import assert_one_line_error
 from ..helpers.servers import _free_port
 from ..helpers.gguf_models import answering_gguf
@@ -54,6 +54,13 @@ def test_codex_cli_answers_a_one_line_prompt(served, tmp_path):
 def test_claude_code_answers_a_one_line_prompt(served, tmp_path):
     proc = claude(served, tmp_path / "claude-home", tmp_path, PROMPT)
     answered(served, proc, "/v1/messages")
+
+
+def test_qwen_code_answers_a_one_line_prompt(served, tmp_path):
+    """A third agent CLI, on chat completions: its tools' schemas use `oneOf` with overlapping
+    alternatives (held as `anyOf`, never refused), `max_tokens: 32000` (clamped), content parts."""
+    proc = qwen(served, tmp_path / "qwen-home", tmp_path, PROMPT)
+    answered(served, proc, "/v1/chat/completions")
 
 
 def test_launch_runs_codex_against_a_server_it_starts(tmp_path_factory, tmp_path):

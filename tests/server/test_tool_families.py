@@ -435,3 +435,18 @@ def test_xml_calls_are_read_where_the_grammar_ends_them_whatever_the_values_hold
                     streamed[-1][1] += piece
         assert [(n, json.loads(a)) for n, a in streamed] == calls and reader.complete(), text
     assert accepted >= 100 and tricky >= 30, (accepted, tricky)
+
+
+OVERLAPPING = {"type": "function", "function": {"name": "fork", "parameters": {"type": "object", "properties": {
+    "turns": {"oneOf": [{"type": "string", "enum": ["all"]}, {"type": "string", "pattern": "^[1-9][0-9]*$"}]}}}}}
+
+
+@pytest.mark.parametrize("name", [None, *TEMPLATES])
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "fork"}}],
+                         ids=["auto", "required", "named"])
+def test_a_oneof_with_overlapping_alternatives_is_served_as_anyof(name, choice):
+    """Qwen Code's tools hold `oneOf`s whose alternatives overlap (a string enum beside a string pattern),
+    which llguidance cannot hold exactly: every family's grammar takes them as `anyOf` (said once in the
+    server's log), never a 400."""
+    plan = plan_tools([OVERLAPPING, TIME], choice, family(name) if name else None)
+    assert grammar_from_spec(plan.constraint) and plan.approximated == ["fork"]

@@ -135,6 +135,10 @@ class Routes:
             self.said.update(new)
             print(f"exactspec: {what}: {', '.join(new)}", file=sys.stderr, flush=True)
 
+    def say_approximated(self, tools) -> None:
+        if tools is not None and tools.approximated:
+            self.say_once("tools whose oneOf the grammar holds as anyOf (alternatives may overlap)", tools.approximated)
+
     # --- errors --------------------------------------------------------------------------------
     def error_shape(self, path: str, error: ApiError) -> dict:
         """The error object of the API at `path` (counted by /metrics for an endpoint)."""
@@ -162,6 +166,7 @@ class Routes:
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; `top_k`, `min_p` and `gamma` are extensions."""
         jobs, tools = await self.preparer.run(plan_chat, self.engine, body, self.max_tokens_default)
+        self.say_approximated(tools)
         return await self.complete(request, body, CHAT, jobs, tools)
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
@@ -207,6 +212,7 @@ class Routes:
         """A front door's request as the chat request it translates to, answered in the door's shapes."""
         body = chat_request(chat, endpoint)
         jobs, tools = await self.preparer.run(plan_chat, self.engine, body, self.max_tokens_default)
+        self.say_approximated(tools)
         return await self.complete(request, body, endpoint, jobs, tools, door)
 
     async def count(self, chat: dict, endpoint: str) -> int:

@@ -36,13 +36,14 @@ import secrets
 import string
 from dataclasses import dataclass
 
+from ..speculative.grammar import TOOL_JSON_OPTIONS
 from .call_syntax import CallReading, ValueEnd, held_back, lark_literal, rebase, regex_literal
 from .xml_calls import XmlFamily
 
 PROBE_NAME, PROBE_ARGUMENTS = "probe_fn", {"probe_key": "probe_value"}
 PROBE_ID = "abcDEF123"  # nine letters and digits: what the strictest template (Mistral's) accepts
 
-SEPARATORS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+SEPARATORS = {**TOOL_JSON_OPTIONS, "item_separator": ", ", "key_separator": ": "}  # as json.dumps writes
 
 
 @dataclass(frozen=True)

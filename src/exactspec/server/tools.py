@@ -17,7 +17,7 @@ subgrammar the call's rule references; text: anything without CUSTOM_CLOSE); its
 {"input": RAW}. Named, the whole output is the raw input.
 
 A call's `arguments` string is the model's own text of the arguments value (compact JSON, see
-JSON_OPTIONS), read by `CallReader` as it is generated: the non-streamed answer and the streamed
+TOOL_JSON_OPTIONS), read by `CallReader` as it is generated: the non-streamed answer and the streamed
 argument deltas are the same characters.
 """
 
@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..errors import ExactSpecError, FieldError
-from ..speculative.grammar import JSON_OPTIONS, grammar_from_spec
+from ..speculative.grammar import TOOL_JSON_OPTIONS, grammar_from_spec
 from .call_syntax import ValueEnd, lark_literal, rebase
 from .families import CallsReader, Family
 from .xml_calls import XmlFamily, XmlReader
@@ -57,6 +57,7 @@ class ToolPlan:
     schemas: dict[str, dict] | None = None  # a family's tools: name -> parameters schema (its reader's)
     shown: dict[int, str] | None = None  # special tokens whose text the output keeps (a family's markup tokens)
     custom: frozenset[str] = frozenset()  # free-form tools (the generic format): raw input, read as {"input": RAW}
+    approximated: list[str] | None = None  # tools whose schema's `oneOf` the grammar holds as `anyOf`
 
     def reader(self) -> "CallReader | CallsReader | XmlReader":
         """A reader of this plan's answer as it streams."""
@@ -82,7 +83,7 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-# {"name":"N","arguments": -- the head of a call (required / auto); JSON_OPTIONS makes it compact
+# {"name":"N","arguments": -- the head of a call (required / auto); TOOL_JSON_OPTIONS make it compact
 _NAME = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
 _ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:\s*')
 
@@ -194,6 +195,12 @@ def plan_tools(tools: list | None, tool_choice, family: Family | XmlFamily | Non
     choice = check_choice(tool_choice, list(functions))
     if choice == "none":
         return None
+    plan = _plan(tools, functions, choice, family, parallel, tokens)
+    plan.approximated = [n for n in plan.names if '"oneOf"' in json.dumps(functions[n][0])]
+    return plan
+
+
+def _plan(tools: list, functions: dict, choice: str, family, parallel: bool, tokens) -> ToolPlan:
     names = list(functions)
     if family is not None:
         schemas = {n: functions[n][0] for n in ([choice] if choice not in ("auto", "required") else names)}
@@ -207,13 +214,13 @@ def plan_tools(tools: list | None, tool_choice, family: Family | XmlFamily | Non
         return _free_form_plan(choice, names, functions, customs, listing)
     if choice not in ("auto", "required"):
         name = choice
-        schema = {**functions[name][0], "x-guidance": JSON_OPTIONS}
+        schema = {**functions[name][0], "x-guidance": TOOL_JSON_OPTIONS}
         prompt = f"Call the function {name}. Reply with its arguments as one JSON object.\n{listing}"
         return ToolPlan("named", [name], {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}, prompt)
     calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": n},
                                                          "arguments": rebase(functions[n][0], f"#/anyOf/{i}/properties/arguments")},
                         "required": ["name", "arguments"], "additionalProperties": False} for i, n in enumerate(names)],
-             "x-guidance": JSON_OPTIONS}
+             "x-guidance": TOOL_JSON_OPTIONS}
     if choice == "required":
         prompt = f'Call one of these functions. Reply with {{"name": ..., "arguments": {{...}}}} only.\n{listing}'
         return ToolPlan("required", names, {"type": "json_schema", "json_schema": {"name": "call", "schema": calls}},
@@ -249,7 +256,7 @@ def _free_form_plan(choice: str, names: list[str], functions: dict, customs: dic
     if plain:
         calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": n}, "arguments": rebase(
                      functions[n][0], f"#/anyOf/{i}/properties/arguments")}, "required": ["name", "arguments"],
-                            "additionalProperties": False} for i, n in enumerate(plain)], "x-guidance": JSON_OPTIONS}
+                            "additionalProperties": False} for i, n in enumerate(plain)], "x-guidance": TOOL_JSON_OPTIONS}
         body.append("call")
         rules.append(f"call: %json {json.dumps(calls)}")
     for i, (name, form) in enumerate(customs.items()):
@@ -369,7 +376,8 @@ def _functions(tools: list) -> dict[str, tuple[dict, str]]:
         if CUSTOM in fn:
             check_format(fn[CUSTOM], where)
         try:
-            grammar_from_spec({"type": "json_schema", "json_schema": {"name": name, "schema": params}})
+            grammar_from_spec({"type": "json_schema", "json_schema": {"name": name, "schema": {
+                **params, "x-guidance": TOOL_JSON_OPTIONS}}})
         except ExactSpecError as e:
             raise FieldError(f"{where}.function.parameters: {e}", f"{where}.function.parameters") from None
         functions[name] = (params, description)

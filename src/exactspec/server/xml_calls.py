@@ -23,6 +23,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from ..speculative.grammar import LENIENT_SCHEMA
 from .call_syntax import CallReading, held_back, lark_literal, regex_literal
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>\n")
@@ -71,7 +72,7 @@ class XmlFamily:
                     rules.append(f"{value}: {_text(prop)}")
                 else:
                     value = f"v{i}_{j} {lark_literal(close)}"
-                    rules.append(f"v{i}_{j}: %json {json.dumps(prop)}")
+                    rules.append(f"v{i}_{j}: %json {json.dumps({**prop, 'x-guidance': LENIENT_SCHEMA})}")
                 part = f"{lark_literal(f'<parameter={key}>' + chr(10))} {value}"
                 params.append(f"({part})" if key in required else f"({part})?")
             calls.append(f"f{i}")

@@ -18,6 +18,10 @@ from ..errors import ExactSpecError
 from .lark_finite import nonterminating
 
 JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: no unbounded whitespace, more forced tokens
+# A tool's schema is the client's, never refused for a keyword llguidance cannot hold exactly: `oneOf`
+# becomes `anyOf` (its alternatives may overlap), other unknown keywords are left out (lenient).
+LENIENT_SCHEMA = {"coerce_one_of": True, "lenient": True}
+TOOL_JSON_OPTIONS = {**JSON_OPTIONS, **LENIENT_SCHEMA}
 
 
 def _llg():
@@ -111,7 +115,9 @@ def json_schema_grammar(schema: dict, strict: bool) -> str:
     if schema is False:
         raise ExactSpecError('the constraint matches no text: the JSON schema\'s "not" excludes every value')
     try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_OPTIONS, "lenient": not strict})
+        options = schema.get("x-guidance") if isinstance(schema, dict) and isinstance(schema.get("x-guidance"), dict) else {}
+        grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_OPTIONS, **options,
+                                                                            "lenient": not strict})
     except (ValueError, TypeError) as e:
         raise ExactSpecError(f"invalid JSON schema: {e}") from None
     return _checked(grammar, "JSON schema", strict)
