@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,16 +25,10 @@ import httpx
 import torch
 
 import exactspec
-
+from exactspec.bench.peer import free_port
 from exactspec.bench.workloads import load_workload
 from exactspec.scale import batch, init_ray
 from exactspec.scale.serve import REPLICA_HEADER, Replicas, application
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,13 +26,7 @@ import time
 import urllib.request
 
 from exactspec.bench.agent import TOOL_PREFIX, opening
-from exactspec.bench.peer import long_agent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from exactspec.bench.peer import free_port, long_agent
 
 
 def start(folder: str) -> tuple[subprocess.Popen, str]:

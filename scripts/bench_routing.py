@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from exactspec.bench.peer import free_port
 from exactspec.device import cpu_label
 from exactspec.scale import init_ray
 from exactspec.scale.serve import APP_NAME, REPLICA_HEADER, Replicas, application
@@ -35,12 +35,6 @@ from exactspec.scale.serve import APP_NAME, REPLICA_HEADER, Replicas, applicatio
 TASKS = ["rename the function parse_args to read_options in cli.py", "add a unit test for the empty input case",
          "fix the off by one error in the pagination helper", "update the changelog for the next release",
          "make the retry loop stop after five attempts", "log the request id in every error message"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def first_messages(session: int, round_: int) -> list[dict]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -12,16 +11,12 @@ import openai
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from exactspec.bench.peer import free_port as _free_port
+
 MODEL = "smol-test"
 
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SERVED = []  # every app this module serves: they share one target, one at a time
@@ -55,8 +50,6 @@ def metric(base: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
-
-
 
 
 WEATHER = {"type": "function", "function": {

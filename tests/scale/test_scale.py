@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import string
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 import exactspec
+from exactspec.bench.peer import free_port as _free_port
 from exactspec.errors import ExactSpecError
 
 from ..conftest import tiny_llama
@@ -54,12 +54,6 @@ def save_tiny_checkpoint(path) -> None:
     model = tiny_llama(0, vocab=64)
     model.config.eos_token_id = model.generation_config.eos_token_id = None  # run every request to its budget
     model.save_pretrained(path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ past it cannot be undone, and a verification pass rolls back every iteration.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import torch
 
@@ -23,12 +22,6 @@ from .base import OneRow
 from .checkpoint import converted_dir, entry_info, split_path
 from .light_llama import load_light
 from .light_tokenizer import LightTokenizer
-
-
-@dataclass
-class Loaded:
-    model: "HFCausalLM"
-    tokenizer: object
 
 
 def load_tokenizer(path: str):
