@@ -1,72 +1,10 @@
 """llama.cpp adapter: a GGUF file run by llama-cpp-python's low-level API (installed by `make setup`; `pip install exactspec[llamacpp]` elsewhere).
 
-The model and context are created by `llama_cpp.Llama` (so its loading, logging and defaults apply);
-decoding then bypasses its high-level state: our own `llama_batch` asks for logits at EVERY position
-(k new tokens -> one `llama_decode` -> [k, V] logits), and rollback is `llama_memory_seq_rm(seq 0,
-[length, inf))`. llama.cpp reuses the freed KV cells from the lowest one, so after a rollback the cache
-layout is the one a fresh evaluation would have (tested: logits equal a fresh evaluation).
-
-Repacking: llama.cpp may move quantized weights into "extra buffer types" (AVX/AMX repacked layouts).
-Where the CPU advertises AMX, the build's AMX buffer runs every row of a multi-row Q4_0 / Q4_1 / Q8_0
-product through its one-row VNNI kernel (EXACTSPEC_AMX_ROWS=1: runtime.resolve_repack sets it) and K-quants
-on AMX tiles, whose configuration a GCC 12 build of stock llama.cpp drops (SIGILL at the first decode; the
-build's patch 11 keeps it); elsewhere K-quants (every type with AVX-512 VNNI; Q4_K, Q5_K and Q6_K with AVX2)
-take the build's K-quant kernels at every row count, their weights unrepacked (EXACTSPEC_KQUANT_TILES=1, set
-there too: patch 12); blocks equal one-token steps bit for bit either way. `repack=None` still probes
-once per process, in a subprocess, and disables extra buffers if the probe crashes;
-EXACTSPEC_LLAMACPP_REPACK=0/1 overrides. The llama.cpp bench
-anchors are built with the same setting, so comparisons stay like for like.
-
-BATCH INVARIANCE: llama.cpp's CPU numerics can depend on how many tokens one compute step (ubatch)
-holds and on how many threads a one-token step uses, and this model family is sensitive enough for that
-to move logits by 1-3 and flip greedy choices:
-- without flash attention (llama-cpp-python's default), with an f16 KV cache, a token evaluated alone
-  differs from the same token inside any multi-token batch: we turn flash attention on;
-- with flash attention and an f16 cache, ubatches of 64+ tokens take a tiled kernel, and one-token steps
-  on several threads past ~256 tokens a split-KV kernel, each summing in another order than the per-row
-  kernel; with a bf16 or q8_0 K cache neither runs.
-So the cache type, the one-token threads and n_ubatch are chosen at load by a self-test
-(llamacpp/numerics.py: blocks vs one-token steps, the fastest bit-equal setting kept). n_ubatch defaults
-to 32 here, the invariant choice for an f16 cache; the self-test raises it to 512 with a bf16/q8_0 cache.
-
-TILED PREFILL (`prefill_tile`, 64 when the self-test keeps llama.cpp's own f16 cache and kernels): a
-prompt's prefill runs llama.cpp's fast tiled attention kernel, and every pass that decodes stays on the
-per-row kernel, so decoding is bit-equal however it is split and a cached prefix plus the rest equals a
-fresh prefill. The rules (each tested by the self-test and tests/models/test_llama_cpp_tiled.py):
-- a prefill computes each position with the kernel its prompt's plan gives it (prefill_plan.py, a pure
-  function of the tokens): assistant turns (from the chat template's generation marker, `turn_marker`,
-  through the end-of-turn token) and runs shorter than a tile per-row, other runs in passes of at least
-  a tile (tiled kernel: each query row's sums depend neither on the rows beside it nor on where tiles
-  start); every pass with logits goes in passes of at most tile - 1 tokens (per-row kernel). Each row
-  records the kind of each of its cells, so an agent's next prompt reuses its previous answer;
-- a pass of one token in one sequence on more than one thread takes the split-KV kernel in stock
-  llama.cpp (`make setup`'s build has it off: scripts/build_llama_cpp.py; the self-test finds which, and
-  `pad_steps` follows): it gets a second, throw-away token (a PAD) in an empty sequence (the one-row
-  context keeps a spare sequence in a unified cache; batched rows use the next free row) or, where
-  none is free, after its own token; the pad is removed. With one-token steps on one thread (the
-  split-KV kernel with one split is the per-row kernel) no pad is needed;
-- the prefix cache reuses a cached prefix only where both prompts computed it the same way (`reusable`).
-Greedy text then equals our own plain decoding, not llama.cpp's `Llama.generate` (which tiles whatever
-a prompt's passes hold).
-
-BATCHED ROWS (rows > 1): the context holds `rows` sequences, row b in sequence b, each in its own KV
-stream (kv_unified off; llama.cpp then splits n_ctx evenly, so n_ctx is rows x the per-row context).
-One llama_decode carries every row's tokens (row-major, as many columns as fit n_batch), each row only
-its own (`forward_ragged`: a row with no drafts scores one token, not the widest row's width: the
-adapter is `ragged`, and auto γ prices an iteration by the passes llama.cpp splits it into,
-costs.passes); rows roll back with
-llama_memory_seq_rm(b, length, -1). A row's cells are laid out as they would be alone: its own
-stream, filled from its first cell (in a unified cache, rows' cells interleave and freed cells are
-reused out of order, which changes the order attention sums a row's keys in). Rows that change sequence
-(`select_rows`: a row leaving, n samples sharing a prefill) are copied with the per-sequence state API,
-their used cells only. Whether a row's logits then equal its logits alone, bit for bit, is up to the
-kernels: the load-time self-test checks it (numerics.rows_vs_alone) and keeps the rows apart
-where it fails. The rows' KV is allocated when the context is created: `affordable_rows` caps them to a
-quarter of the memory available.
-
-Threads: llama.cpp uses `n_threads` for single-token batches and `n_threads_batch` for larger ones. Both
-are `threads`, unless the self-test keeps one-token steps on one thread (an f16 cache, when no other
-setting is bit-equal). The cost model measures T(1) and T(k) as they then run.
+The model and context are created by `llama_cpp.Llama`; decoding then uses our own `llama_batch` with
+logits at every position (k new tokens -> one `llama_decode` -> [k, V]), rollback is
+`llama_memory_seq_rm`, and batched rows are llama.cpp sequences in KV streams of their own. How the
+cache type, threads, n_ubatch, tiled prefill, pads and rows keep blocks equal to one-token steps bit for
+bit, and why: docs/llama-cpp.md, "Inside the adapter".
 """
 
 from __future__ import annotations
