@@ -33,7 +33,7 @@ from ..batching import Job, run_jobs
 from ..errors import ExactSpecError
 
 if TYPE_CHECKING:
-    from ..server.responses import Shapes
+    from ..server.shapes import Shapes
     from ..server.schemas import GenerationRequest
 
 Line = tuple[int, str]  # (1-based line number, raw text)
@@ -51,7 +51,7 @@ class _Planned:
 
 def _plan(engine, line: int, raw: str, default_max_tokens: int) -> _Planned:
     """A line -> its job, checked against this engine as the server checks a request; ExactSpecError if bad."""
-    from ..server.responses import Shapes
+    from ..server.shapes import Shapes
     from ..server.schemas import ChatCompletionRequest
     from ..server.translate import ApiError, plan_chat, plan_text
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..errors import ExactSpecError
 from ..server.limits import MAX_BODY_BYTES
-from ..server.responses import error_body
+from ..server.shapes import error_body
 from . import require_ray
 
 APP_NAME = "exactspec"

@@ -35,7 +35,7 @@ from .families import tool_format
 from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
 from .offload import Preparer
-from .responses import Shapes, error_body
+from .shapes import Shapes, error_body
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .streaming import StreamedChoice
 from .tools import ToolPlan

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..generation import GenerationResult
-from .responses import error_body, sse
+from .shapes import error_body, sse
 from .translate import ApiError
 
 

@@ -19,7 +19,7 @@ never became a call (auto's text, a head cut before its name was complete) strea
 from __future__ import annotations
 
 from ..engine import GenerationResult
-from .responses import Shapes
+from .shapes import Shapes
 from .worker import Piece
 
 
