@@ -18,6 +18,12 @@ import pytest
 PINNED = {"codex": ("@openai/codex", "0.169.0"), "claude": ("@anthropic-ai/claude-code", "2.1.328"),
           "qwen": ("@qwen-code/qwen-code", "0.24.4")}
 KEY = "sk-agent-cli-test"
+# A Lark grammar of Codex's patch format (the shape of its free-form `apply_patch` tool's), ours
+PATCH_GRAMMAR = ('start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\nend_patch: "*** End Patch" LF?\n'
+                 'hunk: add_hunk | update_hunk\nadd_hunk: "*** Add File: " filename LF add_line+\n'
+                 'update_hunk: "*** Update File: " filename LF change?\nfilename: /(.+)/\n'
+                 'add_line: "+" /(.*)/ LF -> line\nchange: (change_context | change_line)+\n'
+                 'change_context: ("@@" | "@@ " /(.+)/) LF\nchange_line: ("+" | "-" | " ") /(.*)/ LF\n%import common.LF\n')
 QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
          "DISABLE_ERROR_REPORTING": "1", "NO_COLOR": "1", "CI": "true"}
 

@@ -19,7 +19,7 @@ from exactspec.engine import Engine
 from exactspec.models.torch_hf import load_tokenizer
 from exactspec.server import create_app
 
-from ..helpers.agent_clis import KEY, claude, codex, said
+from ..helpers.agent_clis import KEY, PATCH_GRAMMAR, claude, codex, said
 from ..helpers.scripted_target import ScriptedTarget
 from ..helpers.servers import _running
 
@@ -134,3 +134,37 @@ def test_claude_code_runs_a_command_then_answers(claude_session, tmp_path, workd
     assert proc.returncode == 0 and "The notes are read." in proc.stdout, said(proc)
     accepted(app, "/v1/messages", 2)
     assert any("status: draft" in h for h in target.histories), "no tool output came back"
+
+
+SOURCE = "".join(f"    step_{i} = run(task_{i}, retries={i % 3})\n" for i in range(24))
+EDITED = SOURCE.replace("retries=1)", "retries=5)", 1)
+
+
+def patch_script(history: str) -> str:
+    """A Codex-style patch of the file the prompt shows: every line kept as context, one changed."""
+    lines = [f" {line}" for line in SOURCE.splitlines()]
+    at = next(i for i, line in enumerate(lines) if "retries=1)" in line)
+    lines[at:at + 1] = ["-" + SOURCE.splitlines()[at], "+" + EDITED.splitlines()[at]]
+    return "*** Begin Patch\n*** Update File: steps.py\n@@\n" + "\n".join(lines) + "\n*** End Patch\n"
+
+
+def test_a_free_form_patch_under_its_lark_grammar_is_exact_and_drafted():
+    """Codex's `apply_patch` named (its own Lark grammar): the patch of a file shown in the prompt is the
+    same text at γ 0 and with drafting, and drafting writes it in fewer target calls than tokens (the
+    kept context lines are copies of the prompt: tokens per target call > 1.5)."""
+    import openai
+
+    tokenizer = load_tokenizer(embedded_model_path())
+    target = ScriptedTarget(tokenizer, patch_script, "<|im_start|>assistant\n")
+    tool = {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": {
+        "type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR}}
+    for served in _running(create_app(Engine(target, tokenizer), model_name="exactspec", max_rows=1), None):
+        client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="unused", max_retries=0, timeout=120)
+        runs = {gamma: client.responses.create(
+            model="exactspec", input=f"steps.py:\n{SOURCE}\nRaise the retries of step_1 to 5.", tools=[tool],
+            tool_choice={"type": "custom", "name": "apply_patch"}, extra_body={"gamma": gamma}, max_output_tokens=900)
+            for gamma in (0, 8)}
+    calls = {gamma: [item for item in r.output if item.type == "custom_tool_call"] for gamma, r in runs.items()}
+    assert [c.input for c in calls[0]] == [c.input for c in calls[8]] == [patch_script("")]
+    drafted = runs[8].model_extra["speculative"]
+    assert drafted["tokens_per_target_call"] > 1.5, drafted

@@ -14,6 +14,8 @@ from exactspec.server.doors import Call
 from exactspec.server.responses_tools import read_tools
 from exactspec.server.translate import ApiError
 
+from ..helpers.agent_clis import PATCH_GRAMMAR
+
 FUNCTION = {"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
             "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
 GROUP = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
@@ -114,12 +116,7 @@ def test_the_store_is_bounded_in_bytes_and_metadata_by_the_api_s_limits():
 
 
 CODEX_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": {
-    "type": "grammar", "syntax": "lark", "definition": (
-        'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\nend_patch: "*** End Patch" LF?\n'
-        'hunk: add_hunk | update_hunk\nadd_hunk: "*** Add File: " filename LF add_line+\n'
-        'update_hunk: "*** Update File: " filename LF change?\nfilename: /(.+)/\nadd_line: "+" /(.*)/ LF -> line\n'
-        'change: (change_context | change_line)+\nchange_context: ("@@" | "@@ " /(.+)/) LF\n'
-        'change_line: ("+" | "-" | " ") /(.*)/ LF\n%import common.LF\n')}}
+    "type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR}}
 EDIT = "*** Begin Patch\n*** Update File: a.txt\n@@\n-old\n+new\n*** End Patch\n"
 
 

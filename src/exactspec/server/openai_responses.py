@@ -198,9 +198,9 @@ def _text(parts, where: str) -> str:
 def chat_tool_choice(choice):
     if choice is None or isinstance(choice, str):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):  # a custom tool's name is its function's
         return {"type": "function", "function": {"name": choice.get("name")}}
-    raise ApiError(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}',
+    raise ApiError(400, 'tool_choice must be "none", "auto", "required" or {"type": "function" | "custom", "name": ...}',
                    "tool_choice")
 
 

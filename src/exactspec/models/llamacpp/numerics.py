@@ -27,8 +27,9 @@ per-row settings come first: see CANDIDATES); a setting sure to be slower than o
 stops after half its prefill (MEASURED_ORDER); where two or more are bit-equal, the two fastest are timed once
 more in reverse order and ranked by their better timing (`retimed`: one noisy timing must not pick the
 cache type). None bit-equal: the first, and greedy identity rests on
-tolerance. The verdict is cached per CPU, model file, library version and settings (about half a
-minute on 2 cores, once).
+tolerance. The verdict is cached per CPU, model file, library build and settings -- the context only as far as
+the test reads it (every context of 1,024 tokens or more shares one) and its rope scaling -- about half
+a minute on 2 cores, once.
 The cache type changes the model's numerics (not the exactness of speculation, which compares the
 target with itself): `Verdict.describe` names it, and `generate --json` / `/v1/models` report it.
 """
@@ -48,7 +49,7 @@ from ... import progress
 from ...cachedir import cache_dir, file_identity, machine_key, measured_once, provisional, write_atomic
 from ...errors import ExactSpecError
 
-VERSION = 14  # bump when the test changes: old cache entries are then ignored
+VERSION = 15  # bump when the test changes: old cache entries are then ignored
 CONTEXT = 300  # tokens before the blocks: past the 256-key point where the split starts
 BLOCK, LONG = 8, 70  # a verification-sized block, and one past the 64-row tiled kernel
 WIDE = 14  # a wide verification pass (auto γ may choose 9-16 rows: patch 12's narrow microtile, direct passes)
@@ -57,7 +58,8 @@ FAVOUR = 1.03  # an earlier candidate within 3% of the fastest is kept
 # What a setting is ranked by: an agent session -- one cold PROMPT-token prompt (tool specs), then STEPS
 # one-token steps (eight answers of 128; the prefix cache serves the later prompts)
 PROMPT, STEPS = 2048, 1024
-MEASURED = 1024  # prompt tokens the self-test prefills (PROMPT's time is extrapolated from its two halves)
+MEASURED = 953  # prompt tokens the self-test prefills (PROMPT's time is extrapolated from its two halves):
+# a 1,024-token context's room beside the LONG block, so that it and every longer one share a verdict
 SHALLOW = 32  # one-token steps timed from an empty context (a chat's answer), beside those at MEASURED
 TILE = 64  # llama.cpp's flash-attention query tile (GGML_FA_TILE_Q): 64+ query rows take the tiled kernel
 SPLIT = 3 * TILE + 10  # tokens of the prefix-plus-rest check: 101, then 101 more (tiles start off the grid)
@@ -402,7 +404,8 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
     batched rows, kept batched only if a row scored beside others equals it scored alone, bit for bit
     (`rows_vs_alone`); otherwise its rows decode one at a time, and `identity` says so."""
     from .adapter import load_llama_cpp
-    from .runtime import check_gguf_file, default_threads, import_llama_cpp, repack_label, resolve_repack
+    from .runtime import (check_gguf_file, default_context, default_threads, import_llama_cpp, repack_label,
+                          resolve_repack, yarn_kwargs)
 
     import_llama_cpp()  # one line if llama-cpp-python is missing or its library does not load
     check_gguf_file(path)
@@ -417,7 +420,11 @@ def load_self_tested(path: str, n_ctx: int | None = None, threads: int | None = 
         return lm
 
     n, file = threads or default_threads(), file_identity(path)
-    verdict_key = key(file, {"n_ctx": n_ctx, "threads": n, **llama_kwargs}, repack)
+    # what the self-test reads of its context: contexts longer than that share one verdict (the rope's
+    # scaling, which a longer context may bring, is keyed on its own)
+    ctx = n_ctx or default_context(path)
+    seen = {"seen": max(1, min(MEASURED, ctx - LONG - 1)), "rope": yarn_kwargs(path, ctx)}
+    verdict_key = key(file, {**seen, "threads": n, **llama_kwargs}, repack)
     verdict = choose(make, n, verdict_key)
     lm = make(verdict.setting, rows)
     lm.identity = verdict.describe(lm.threads)
