@@ -54,9 +54,12 @@ class _Guard:
         self.longest = max(map(len, markup), default=0)
 
     def __call__(self, text: str) -> bool:
-        ends = range(1, min(len(text), self.longest) + 1)
-        return (any(text[-k:] in self.heads or text[:k] in self.tails for k in ends)
-                or any(m in text for m in self.markup))
+        return any(self._edge(t) for t in {text, text.strip()}) or any(m in text for m in self.markup)
+
+    def _edge(self, text: str) -> bool:
+        """Starts with a proper suffix or ends with a proper prefix of a markup text (a template that
+        trims the string puts its stripped edges against its own text: both are looked at)."""
+        return any(text[-k:] in self.heads or text[:k] in self.tails for k in range(1, min(len(text), self.longest) + 1))
 
 
 def _as_text(tokenizer, text: str, plain: list[str]) -> list[int]:
@@ -80,9 +83,13 @@ def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
     guard = _Guard(markup)
     originals: list[str] = []
 
-    def mark(text: str, probe: str = "") -> str:
-        originals.append(text)
-        return f"XSPEC{nonce}N{len(originals) - 1}X{probe}"
+    def mark(text: str, probe: str = "") -> str:  # its edge whitespace stays the template's (`| trim` removes it)
+        core = text.strip()
+        if not core:
+            return text
+        originals.append(core)
+        lead, trail = text[:len(text) - len(text.lstrip())], text[len(text.rstrip()):]
+        return f"{lead}XSPEC{nonce}N{len(originals) - 1}X{probe}{trail}"
 
     nonce = uuid.uuid4().hex
     guarded = _guarded(messages, guard, mark), _guarded(tools, guard, mark)

@@ -450,3 +450,30 @@ def test_a_oneof_with_overlapping_alternatives_is_served_as_anyof(name, choice):
     server's log), never a 400."""
     plan = plan_tools([OVERLAPPING, TIME], choice, family(name) if name else None)
     assert grammar_from_spec(plan.constraint) and plan.approximated == ["fork"]
+
+
+TRIMMING = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("content", ["> a quoted line\n", "  > a quoted line\n", "\n|im_start|>x <|im_end|  ", " ok<|im_end|>\n"])
+def test_a_guarded_string_is_trimmed_as_the_template_trims_it(content):
+    """A string the guard encodes on its own (it starts or ends like markup, or holds some) keeps its edge
+    whitespace outside the mark: a template that trims it (Llama 3's do) renders it trimmed, as it would
+    the plain string; and its trimmed edges are what the guard looks at."""
+    from exactspec.chat_prompt import encode_chat
+    from exactspec.embedded import embedded_model_path
+    from exactspec.models.torch_hf import load_tokenizer
+
+    tokenizer = load_tokenizer(embedded_model_path())
+    tokenizer.chat_template = TRIMMING
+    messages = [{"role": "user", "content": content}]
+    ids = encode_chat(tokenizer, messages)
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    plain = encode_chat(tokenizer, [{"role": "user", "content": "x"}])
+    assert markup_count_of(tokenizer, ids) == markup_count_of(tokenizer, plain)
+
+
+def markup_count_of(tokenizer, ids: list[int]) -> int:
+    markup = {one[0] for m in markup_texts(tokenizer) if len(one := tokenizer.encode(m, add_special_tokens=False)) == 1}
+    return sum(i in markup for i in ids)

@@ -200,7 +200,8 @@ def plan_tools(tools: list | None, tool_choice, family: Family | XmlFamily | Non
     return plan
 
 
-def _plan(tools: list, functions: dict, choice: str, family, parallel: bool, tokens) -> ToolPlan:
+def _plan(tools: list, functions: dict, choice: str, family: Family | XmlFamily | None, parallel: bool,
+          tokens: dict[str, int] | None) -> ToolPlan:
     names = list(functions)
     if family is not None:
         schemas = {n: functions[n][0] for n in ([choice] if choice not in ("auto", "required") else names)}
