@@ -517,12 +517,14 @@ def test_a_budget_past_the_context_is_clamped_on_every_door(llama_cpp_api):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_prompt_past_the_context_is_a_400_naming_both(llama_cpp_api, stream):
+def test_a_prompt_past_the_context_is_a_400_naming_both(llama_cpp_api, stream, capfd):
     """A 1,024-token context (`--ctx-size 1024`): a longer prompt is refused with both numbers, streamed or
-    not, and the next request is served."""
+    not, and the next request is served; the server's log says once what a coding-agent CLI needs."""
     need("llama_cpp")
     r = post(llama_cpp_api, {"messages": [{"role": "user", "content": "word " * 1500}], "max_tokens": 2,
                              "stream": stream})
+    if not stream:  # parametrized False first: the once-only line is this call's
+        assert "coding-agent CLIs need --ctx-size 32768" in capfd.readouterr().err
     assert r.status_code == 400, r.text[:300]
     error = r.json()["error"]
     assert error["code"] == "context_length_exceeded" and "1024 tokens" in error["message"], error

@@ -152,6 +152,10 @@ class Routes:
         return JSONResponse(self.error_shape(request.url.path, error), status_code=error.status)
 
     async def api_error(self, request: Request, error: ApiError) -> JSONResponse:
+        if error.code == "context_length_exceeded":  # said once: an agent CLI's first prompt is 9-22k tokens
+            self.say_once(f"a prompt did not fit the {self.engine.target.max_length}-token context (coding-agent "
+                          "CLIs need --ctx-size 32768, YaRN past the training context, or `exactspec launch`)",
+                          ["docs/server.md, Coding-agent CLIs"])
         return self.refuse(request, error)
 
     async def invalid(self, request: Request, error: RequestValidationError) -> JSONResponse:
