@@ -22,7 +22,7 @@ import uuid
 
 from ..generation import GenerationResult
 from .doors import Call, Output, chat_output, event, string_field
-from .translate import ApiError
+from .api_error import ApiError
 
 ENDPOINT, COUNT = "/v1/messages", "/v1/messages/count_tokens"
 EXTENSIONS = ("min_p", "seed", "gamma", "lenience", "verification", "logit_bias", "presence_penalty",

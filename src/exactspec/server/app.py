@@ -39,7 +39,8 @@ from .shapes import Shapes, error_body
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .streaming import StreamedChoice
 from .tools import ToolPlan
-from .translate import MAX_TOKENS_DEFAULT, ApiError, plan_chat, plan_text, reproducible
+from .api_error import ApiError
+from .translate import MAX_TOKENS_DEFAULT, plan_chat, plan_text, reproducible
 from .worker import Job, Piece, Worker
 
 __all__ = ["CHAT", "CLIENT_CLOSED", "MAX_TOKENS_DEFAULT", "TEXT", "ApiError", "Routes", "create_app"]

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from ..generation import GenerationResult
 from .shapes import error_body, sse
-from .translate import ApiError
+from .api_error import ApiError
 
 
 class Door(Protocol):

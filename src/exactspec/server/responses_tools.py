@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 
 from .tools import CUSTOM, CUSTOM_INPUT
-from .translate import ApiError
+from .api_error import ApiError
 
 SEPARATOR = "__"  # NS__NAME, the MCP-style flat name (letters, digits, _ and -: a valid function name)
 

@@ -16,6 +16,7 @@ from ..generation import GenerationResult, LawSpec, Request
 from ..speculative.params import POINT_MASS_DRAFTS
 from ..speculative.sampling import SamplingParams
 from ..detokenize import IncrementalText
+from .api_error import ApiError
 from .families import family_of, special_tokens
 from .history import fold_late_system, for_template
 from .limits import check_constraint, check_stops
@@ -23,15 +24,6 @@ from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .tools import ToolPlan, plan_tools
 
 MAX_TOKENS_DEFAULT = 2048  # the token budget of a request without max_tokens (serve --max-tokens-default)
-
-
-class ApiError(Exception):
-    """A request the server refuses: rendered as OpenAI's error object."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
 
 
 def plan_text(engine: Engine, body: CompletionRequest, max_tokens_default: int | None = MAX_TOKENS_DEFAULT,
