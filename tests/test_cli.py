@@ -162,7 +162,7 @@ def test_compare_under_the_users_openmp_setting():
     waiting policy: this run leaves OpenMP at its default, as `serve`, `generate` and `bench` run for a
     user, so the verdict they use is exercised too. A grounded prompt past 256 tokens (where one-token
     steps may take another attention path than blocks): speculative equals plain, token for token. A
-    512-token context: its own verdict is measured (the policy keys it), over 441 tokens, not 1,024 (this
+    512-token context: its own verdict is measured (the policy keys it), over 441 tokens, not 953 (this
     test's time is that self-test's, while the other worker runs beside OpenMP's spinning threads)."""
     from exactspec.bench.workloads import load_workload
 

@@ -85,8 +85,8 @@ def test_launch_refuses_a_cli_that_is_not_installed():
 
 def test_sigterm_stops_the_server_in_the_middle_of_a_long_prefill(tmp_path):
     """A coding agent's first prompt takes tens of seconds to prefill on a CPU: SIGTERM then stops the
-    server promptly all the same (its grace for open requests, then the worker's current chunk; 1.4 s
-    here, docs/server.md), with its closing log line and no traceback. A hang check, not a timing: the
+    server promptly all the same (its grace for open requests, then the worker's current chunk; timed
+    in docs/server.md), with its closing log line and no traceback. A hang check, not a timing: the
     bound is wide."""
     import random
     import threading
