@@ -9,9 +9,11 @@ flag, and encoders parse it all the same). A request none of whose strings holds
 suffix of, or ends with a proper prefix of a markup text is encoded exactly as before (render, encode);
 otherwise each such string is rendered as a placeholder, and the rendered text is encoded piece by
 piece: the template's pieces with special tokens parsed, the strings as text (their `<|im_start|>` is
-plain characters, their `<tool_call>` broken after its `<`), so that no token spans a string's edge. A string the template writes through `tojson` is put back JSON-escaped, as the
-template would have written it: a second rendering, with a quote after each placeholder, shows which
-placeholders stood inside a JSON string (the quote comes out escaped there).
+plain characters, their `<tool_call>` broken after its `<`), so that no token spans a string's edge;
+a string's edge whitespace stays the template's (a template that trims it trims it). A string the
+template writes through `tojson` is put back JSON-escaped, as the template would have written it: a
+second rendering, with a quote after each placeholder, shows which placeholders stood inside a JSON
+string (the quote comes out escaped there).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class _Guard:
     def _edge(self, text: str) -> bool:
         """Starts with a proper suffix or ends with a proper prefix of a markup text (a template that
         trims the string puts its stripped edges against its own text: both are looked at)."""
-        return any(text[-k:] in self.heads or text[:k] in self.tails for k in range(1, min(len(text), self.longest) + 1))
+        ends = range(1, min(len(text), self.longest) + 1)
+        return any(text[-k:] in self.heads or text[:k] in self.tails for k in ends)
 
 
 def _as_text(tokenizer, text: str, plain: list[str]) -> list[int]:
