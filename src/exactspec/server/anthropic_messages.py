@@ -21,8 +21,8 @@ import json
 import uuid
 
 from ..generation import GenerationResult
-from .doors import Call, Output, chat_output, event, string_field
 from .api_error import ApiError
+from .doors import Call, Output, chat_output, event, string_field
 
 ENDPOINT, COUNT = "/v1/messages", "/v1/messages/count_tokens"
 EXTENSIONS = ("min_p", "seed", "gamma", "lenience", "verification", "logit_bias", "presence_penalty",

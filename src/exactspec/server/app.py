@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine import Engine
 from ..errors import ExactSpecError
 from . import anthropic_messages, openai_responses
+from .api_error import ApiError
 from .auth import ApiKey
 from .body_limit import BodyLimit, unparsable
 from .doors import ChatDoor, Door, check_text, stop_sequence
@@ -35,11 +36,10 @@ from .families import tool_format
 from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
 from .offload import Preparer
-from .shapes import Shapes, error_body
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .shapes import Shapes, error_body
 from .streaming import StreamedChoice
 from .tools import ToolPlan
-from .api_error import ApiError
 from .translate import MAX_TOKENS_DEFAULT, plan_chat, plan_text, reproducible
 from .worker import Job, Piece, Worker
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..generation import GenerationResult
-from .shapes import error_body, sse
 from .api_error import ApiError
+from .shapes import error_body, sse
 
 
 class Door(Protocol):

@@ -21,9 +21,9 @@ import uuid
 from collections import OrderedDict
 
 from ..generation import GenerationResult
+from .api_error import ApiError
 from .doors import Call, Output, chat_output, event, string_field
 from .responses_tools import CUSTOM_INPUT, Tools, custom_input, flat_name, read_tools
-from .api_error import ApiError
 
 ENDPOINT = "/v1/responses"
 STORE_ENTRIES = 1024  # responses kept for previous_response_id (least recently used dropped first) ...

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .tools import CUSTOM, CUSTOM_INPUT
 from .api_error import ApiError
+from .tools import CUSTOM, CUSTOM_INPUT
 
 SEPARATOR = "__"  # NS__NAME, the MCP-style flat name (letters, digits, _ and -: a valid function name)
 

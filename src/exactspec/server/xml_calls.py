@@ -100,10 +100,11 @@ def _parameters(text: str, at: int, keys) -> tuple[list[tuple[str, str]], int] |
     params = []
     while not text.startswith(_END, at):
         key = next((k for k in keys if text.startswith(f"{_OPEN}{k}>\n", at)), None)
-        close = text.find(_CLOSE, at + len(_OPEN) + len(key) + 2) if key is not None else -1
+        value = at + len(f"{_OPEN}{key}>\n")
+        close = text.find(_CLOSE, value) if key is not None else -1
         if close < 0:
             return None
-        params.append((key, text[at + len(_OPEN) + len(key) + 2:close]))
+        params.append((key, text[value:close]))
         at = close + len(_CLOSE)
     return params, at + len(_END)
 

@@ -115,9 +115,7 @@ def json_schema_grammar(schema: dict, strict: bool) -> str:
     if schema is False:
         raise ExactSpecError('the constraint matches no text: the JSON schema\'s "not" excludes every value')
     try:
-        options = schema.get("x-guidance") if isinstance(schema, dict) and isinstance(schema.get("x-guidance"), dict) else {}
-        grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_OPTIONS, **options,
-                                                                            "lenient": not strict})
+        grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_OPTIONS, "lenient": not strict})
     except (ValueError, TypeError) as e:
         raise ExactSpecError(f"invalid JSON schema: {e}") from None
     return _checked(grammar, "JSON schema", strict)
