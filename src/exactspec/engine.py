@@ -30,8 +30,8 @@ from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
 from .models.light_tokenizer import llg_tokenizer
 from .models.seq2seq import Seq2SeqLM
 from .prefix_store import PREFIX_DISK_MB, DiskPrefixStore
-from .speculative.auto_gamma import AutoGamma
-from .speculative.costs import MAX_AUTO_GAMMA, CostModel
+from .autogamma.policy import AutoGamma
+from .autogamma.costs import MAX_AUTO_GAMMA, CostModel
 from .speculative.interfaces import CausalLM, Drafter, PersistentPrefix, PrefixSnapshots, RowContexts
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row
@@ -238,7 +238,7 @@ class Engine:
             raise ExactSpecError(f"n must be >= 1, got {n}")
         request = self.request(max_new_tokens, stop, gamma, draft, **sampling)
         if len(prompts) * n > 1:  # every row learns from one view, cautious at short matches (RequestAcceptance)
-            self.drafts.view(self._draft(draft), request.views, cautious=True)
+            self.drafts.learned.view(self._draft(draft), request.views, cautious=True)
         seeds = iter(row_seeds(seed, len(prompts), n))
         jobs = [[Job(self.new_result(p, chat_template), request, next(seeds)) for _ in range(n)] for p in prompts]
         stats = Stats()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.measure import measure_target
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.costs import CostModel
+from exactspec.autogamma.measure import measure_target
+from exactspec.autogamma.policy import AutoGamma
+from exactspec.autogamma.costs import CostModel
 from exactspec.speculative.loop import decode
 from exactspec.speculative.loop import BatchDecoder, Row, decode_batch
 from exactspec.drafters.ngram import NGramDrafter

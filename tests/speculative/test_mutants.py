@@ -24,7 +24,7 @@ from exactspec.speculative import accept as accept_module
 from exactspec.speculative import propose as propose_module
 from exactspec.speculative import sampling
 from exactspec.speculative import verify as verify_module
-from exactspec.speculative.auto_gamma import AutoGamma
+from exactspec.autogamma.policy import AutoGamma
 from exactspec.speculative.interfaces import Proposal
 from exactspec.speculative.law import Penalties, TargetLaw
 from exactspec.speculative.rows import Row

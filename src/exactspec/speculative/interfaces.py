@@ -363,3 +363,23 @@ class GammaPolicy(Protocol):
     def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
                 kind: object = None) -> None:
         ...
+
+
+@runtime_checkable
+class PricesArms(Protocol):
+    """A γ policy that prices a proposal before it is made (auto γ): the auto drafter asks it which of its
+    arms' copies pays most (`best`, by `min_gain`), the width a model arm's proposal pays at
+    (`model_width`), and the shortest match worth an arm's lookup (`shortest_paying`)."""
+
+    min_gain: float
+
+    def shortest_paying(self, kinds: list[object], longest: int = 3) -> int:
+        ...
+
+    def best(self, rows: list[tuple], batch: int | None = None, depth: int | None = None) -> tuple[int, float]:
+        """-> (the width with the highest predicted speed-up for rows of (match, available, kind), that speed-up)."""
+        ...
+
+    def model_width(self, kind: object, k: int) -> int:
+        """The width a model arm's proposal of at most k tokens pays at (0: none)."""
+        ...

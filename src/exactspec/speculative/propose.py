@@ -89,7 +89,7 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
     ragged target, to a width per row, priced by the passes they add; such a batch sits an iteration
     out while its copies keep being cut to nothing, `GammaPolicy.resting`; `until_last`: the batch ends
     with its last row and no request waits for a row's place, so drafts are priced by what they save the
-    batch, not the tokens a row gains: auto_gamma.batch_value). A row whose
+    batch, not the tokens a row gains: policy.batch_value). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
     proposals, wants, resting, looked = [], {}, {}, {}
     for row in rows:
@@ -185,7 +185,7 @@ def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, fl
                  until_last: bool = False) -> dict[int, int]:
     """Row index -> the width its drafter's part is cut to, for the rows of copying drafters under auto:
     asked once per policy (`GammaPolicy.choose`: one width for all its rows); on a ragged target in a
-    batch, for all such rows together, each its own (auto_gamma.ragged_widths: every row's extra pass is
+    batch, for all such rows together, each its own (policy.ragged_widths: every row's extra pass is
     priced, whichever request it belongs to)."""
     found = {}  # row index -> (its policy, (match, drafts available, kind))
     for j, (row, (proposal, forced, _, copy_kind)) in enumerate(zip(rows, proposals)):

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from ..stats import Stats
-from .acceptance import sampling_mode
+from .params import sampling_mode
 from .interfaces import Copies, Drafter, GammaPolicy, Lookups
 from .law import TargetLaw
 from .sampling import SamplingParams, Uniforms
@@ -44,7 +44,7 @@ class Row:
     # what propose.py asks of the row every iteration, fixed for its life (drafter, γ, law and params are)
     copying: bool = field(init=False)  # auto γ cuts its proposals after drafting: a copying drafter under a policy
     own_copies: bool = field(init=False)  # ... copying from its own context alone, with no law (`next_lookup`)
-    mode: str = field(init=False)  # "greedy" or "sampled" (acceptance.sampling_mode)
+    mode: str = field(init=False)  # "greedy" or "sampled" (params.sampling_mode)
 
     def __post_init__(self) -> None:
         self.context = list(self.prompt)

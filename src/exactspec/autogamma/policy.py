@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .acceptance import BUCKET_EDGES, Acceptance, RequestAcceptance
 from .costs import CostModel
-from .theory import expected_tokens
+from ..speculative.theory import expected_tokens
 
 
 MAX_PROBE_GAP = 512  # the most plain steps between two probes (`Probes`): a written-off copy is retried so often
@@ -24,7 +24,7 @@ FOLD = 8  # one-row plain steps a policy times before it moves the shared T(1) b
 class Probes:
     """When auto γ next verifies one draft that it does not expect to pay (a probe of γ = 1), so that an
     acceptance it has written off gets measured again: after `gap` plain steps, the gap doubling after each
-    probe up to MAX_PROBE_GAP. An engine keeps one per drafter across its requests (`Drafting.probes`):
+    probe up to MAX_PROBE_GAP. An engine keeps one per drafter across its requests (`Learned.probes`):
     started over at 8 in every request, cold chat ran 17 probes in 768 steps, each a two-token pass at
     ~1.9x a step on a Zen 5, ~2% of the run, where a shared schedule runs 6."""
 
