@@ -45,7 +45,7 @@ class Probes:
         return self.plain_steps + 1 >= self.gap
 
     def skipped(self) -> None:
-        """A plain step with no lookup (`propose.next_lookup`): it counts towards the next probe, which
+        """A plain step with no lookup (`lookups.next_lookup`): it counts towards the next probe, which
         then waits for a step that looks up."""
         self.plain_steps = min(self.plain_steps + 1, self.gap - 1)
 
@@ -91,7 +91,7 @@ class AutoGamma:
         return self.max_gamma if copying else self.next_gamma(rows)
 
     def skip_lookup(self) -> bool:
-        """A context-only copier's lookup that no match can make pay yet (`propose.next_lookup`) is
+        """A context-only copier's lookup that no match can make pay yet (`lookups.next_lookup`) is
         skipped, and counts towards the next probe; not while a probe is due."""
         if self.probes.due:
             return False
