@@ -10,7 +10,6 @@ import torch
 
 from .autogamma.costs import MAX_AUTO_GAMMA, CostModel
 from .autogamma.learned import Learned
-from .autogamma.policy import AutoGamma
 from .drafters import STORE_MB
 from .drafters.auto import AutoDrafter, DraftBandit
 from .drafters.model import ModelDrafter
@@ -21,7 +20,8 @@ from .drafters.suffix_index import SuffixIndex
 from .drafters.source import read_source
 from .errors import ExactSpecError
 from .models.seq2seq import Seq2SeqLM
-from .speculative.interfaces import CausalLM, Drafter, PricesArms, RowContexts
+from .speculative.fixed_gamma import FixedGamma
+from .speculative.interfaces import CausalLM, Drafter, GammaPolicy, PricesArms
 from .speculative.params import DRAFT_NAMES
 from .stats import Stats
 
@@ -47,7 +47,7 @@ class Drafting:
             raise ExactSpecError(f"the store budget must be >= 0 MiB, got {budget_mb}")
         self.store = SuffixIndex(budget_mb) if budget_mb else None
 
-    def make(self, draft: str, policy: int | AutoGamma | None = None) -> Drafter | None:
+    def make(self, draft: str, policy: GammaPolicy | None = None) -> Drafter | None:
         """A fresh drafter (drafters hold per-request state); None for "none". The auto drafter prices
         its arms by the generation's auto-γ `policy`, if it has one."""
         if draft == "none":
@@ -94,16 +94,15 @@ class Drafting:
                                           generator=torch.Generator().manual_seed(0)).tolist())
         return self.learned.cost_model(draft, self.make, max_gamma)
 
-    def policy(self, gamma: int | str, draft: str, views: dict | None = None) -> tuple[Drafter | None, int | AutoGamma]:
-        """A fresh drafter and the γ policy for one generation: a fixed γ, or an AutoGamma over the cost
-        model and learned acceptance for "auto" (γ = 0, or no drafter and no grammar, is plain decoding).
-        `views` (a request's, `generation.Request.views`): the request's view of the acceptance, kept
-        there per drafter, so that every generation of the request learns from the others' drafts."""
+    def policy(self, gamma: int | str, draft: str, views: dict | None = None) -> tuple[Drafter | None, GammaPolicy]:
+        """A fresh drafter and the γ policy for one generation: a `FixedGamma`, or for "auto" an AutoGamma
+        over what the engine learned (`Learned.policy`; `views`: a request's, `generation.Request.views`).
+        γ = 0, or no drafter and no grammar, is plain decoding."""
         if gamma == "auto" and draft != "none":
-            gamma = self.learned.policy(draft, self.cost_model(draft), views)
-        elif gamma == "auto":  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
-            gamma = 1
-        return (self.make(draft, gamma) if gamma != 0 else None), gamma
+            policy = self.learned.policy(draft, self.cost_model(draft), views)
+            return self.make(draft, policy), policy
+        fixed = 1 if gamma == "auto" else gamma  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
+        return (self.make(draft) if fixed != 0 else None), FixedGamma(fixed)
 
     def set_source(self, source_ids: list[int]) -> None:
         """Encoder-decoder pair: run the target's (and the draft model's) encoder over the source."""

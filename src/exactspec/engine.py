@@ -30,9 +30,8 @@ from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
 from .models.light_tokenizer import llg_tokenizer
 from .models.seq2seq import Seq2SeqLM
 from .prefix_store import PREFIX_DISK_MB, DiskPrefixStore
-from .autogamma.policy import AutoGamma
 from .autogamma.costs import MAX_AUTO_GAMMA, CostModel
-from .speculative.interfaces import CausalLM, Drafter, PersistentPrefix, PrefixSnapshots, RowContexts
+from .speculative.interfaces import CausalLM, Drafter, GammaPolicy, PersistentPrefix, PrefixSnapshots, RowContexts
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row
 from .speculative.params import DRAFT_NAMES, PREFILL_CHUNK, check_gamma
@@ -140,8 +139,8 @@ class Engine:
         return self.drafts.cost_model(self._draft(draft), max_gamma)
 
     def drafting(self, gamma: int | str | None = None, draft: str | None = None,
-                 views: dict | None = None) -> tuple[Drafter | None, int | AutoGamma]:
-        """A fresh drafter and the γ policy (a fixed γ, or an AutoGamma) for one generation; `views`: the
+                 views: dict | None = None) -> tuple[Drafter | None, GammaPolicy]:
+        """A fresh drafter and the γ policy (a FixedGamma, or an AutoGamma) for one generation; `views`: the
         request's (`Request.views`)."""
         return self.drafts.policy(self.gamma if gamma is None else check_gamma(gamma), self._draft(draft), views)
 

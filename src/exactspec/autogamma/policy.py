@@ -1,17 +1,19 @@
 """Auto γ: the policy that chooses how many drafts each iteration verifies, from the prices of
-`costs.py` and the acceptance of `acceptance.py`. The decode loop asks it through `GammaPolicy`
-(interfaces.py): a budget before drafting, a width after (copies are cut once their match length is
-known), and the outcomes of every iteration; lookups of context-only copiers are spaced and batches
-rest while their copies do not pay."""
+`costs.py` and the acceptance of `acceptance.py`. The decode loop asks it through the protocols of
+speculative/interfaces.py, never this class: `GammaPolicy` (a budget before drafting, and the outcomes
+of every iteration), `CutsCopies` (a width after drafting: copies are cut once their match length is
+known; batches rest while their copies do not pay), `SpacesLookups` (context-only copiers' lookups are
+spaced) and `PricesArms` (the auto drafter's arms are priced before they propose)."""
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
 
+from ..speculative.interfaces import Lookups
+from ..speculative.theory import expected_tokens
 from .acceptance import BUCKET_EDGES, Acceptance, RequestAcceptance
 from .costs import CostModel
-from ..speculative.theory import expected_tokens
 
 
 MAX_PROBE_GAP = 512  # the most plain steps between two probes (`Probes`): a written-off copy is retried so often
@@ -170,6 +172,12 @@ class AutoGamma:
             if any(_one_row(view.alpha(match), self.max_gamma, costs, floor)[1] >= self.min_gain for view in views):
                 return self._keep(key, match)
         return self._keep(key, longest)
+
+    def set_shortest(self, drafter: Lookups, kinds: list[object], longest: int = 3) -> None:
+        """Tell a copier the shortest match worth its lookup (`shortest_paying`): shorter ones are not
+        looked for. The one place a drafter's lookup settings change (a row's lookups, speculative/lookups.py,
+        and the auto drafter's arms)."""
+        drafter.shortest = self.shortest_paying(kinds, longest)
 
     def model_width(self, kind: object, k: int) -> int:
         """The width auto γ gives a model drafter's proposal of at most k tokens (`best` at its one α,

@@ -137,7 +137,7 @@ class AutoDrafter:
         for name, arm in self.arms.items():
             if arm.copies:
                 if name in lookups:  # no lookup for matches too short to pay
-                    lookups[name].shortest = self.policy.shortest_paying([(s, mode) for s in lookups[name].sources])
+                    self.policy.set_shortest(lookups[name], [(s, mode) for s in lookups[name].sources])
                 proposal = arm.propose(context, k, params, generator, law=law)  # timed by auto γ, per proposal
                 if len(proposal):
                     source = (copiers[name].source if name in copiers else None) or "context"

@@ -10,9 +10,9 @@ from .rows import Row
 
 
 def price_lookup(row: Row) -> None:
-    """Tell a context-only copier's lookup the shortest match auto γ predicts to pay (`shortest_paying`,
-    recalled between pricings): shorter ones are not looked for."""
-    row.drafter.shortest = row.gamma.shortest_paying((("context", row.mode),), row.drafter.max_match)
+    """The row's policy tells its context-only copier the shortest match it predicts to pay
+    (`SpacesLookups.set_shortest`, recalled between pricings): shorter ones are not looked for."""
+    row.spaces.set_shortest(row.lookups, (("context", row.mode),), row.lookups.max_match)
 
 
 def cannot_match(row: Row) -> bool:

@@ -23,7 +23,7 @@ def prepare(row: Row) -> None:
     try:
         if isinstance(row.drafter, ReadsPrompt):
             row.drafter.read_prompt(row.prompt)
-        if row.own_copies:
+        if row.spaces is not None:
             row.gamma.depth = len(row.prompt)
             price_lookup(row)
             cannot_match(row)
@@ -67,39 +67,37 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
     (`before_eos`; `eos`: the target's end-of-sequence ids); rows of copying drafters under auto
     are then cut to one width of the drafter's part per policy, priced by T(B, width + 1) (on a
     ragged target, to a width per row, priced by the passes they add; such a batch sits an iteration
-    out while its copies keep being cut to nothing, `GammaPolicy.resting`; `until_last`: the batch ends
+    out while its copies keep being cut to nothing, `CutsCopies.resting`; `until_last`: the batch ends
     with its last row and no request waits for a row's place, so drafts are priced by what they save the
     batch, not the tokens a row gains: policy.batch_value). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
     proposals, wants, resting, looked = [], {}, {}, {}
     for row in rows:
         cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
-        fixed = isinstance(row.gamma, int)
-        if not fixed:  # auto prices this iteration (and learns from its timing) at the row's context depth
-            row.gamma.depth = len(row.context)
-        if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None) or row.error is not None:
+        row.gamma.depth = len(row.context)  # its policy prices this iteration (and learns from its timing) here
+        if cap <= 0 or row.plain or (row.drafter is None and row.law is None) or row.error is not None:
             proposals.append((None, 0, 0.0, None))
             continue
         # a copying row in a batch on a ragged target: priced by `ragged_widths`, and resting with its
-        # policy while the batch's copies keep being cut to nothing (`GammaPolicy.resting`: asked once per
+        # policy while the batch's copies keep being cut to nothing (`CutsCopies.resting`: asked once per
         # iteration, before a row's own spacing below, so that the two wait side by side, not one after the other)
-        in_batch = len(rows) > 1 and row.copying and row.gamma.ragged and row.law is None
+        in_batch = len(rows) > 1 and row.cuts is not None and row.cuts.ragged and row.law is None
         if in_batch:
-            if id(row.gamma) not in resting:
-                resting[id(row.gamma)] = row.gamma.resting()
-            if resting[id(row.gamma)]:
+            if id(row.cuts) not in resting:
+                resting[id(row.cuts)] = row.cuts.resting()
+            if resting[id(row.cuts)]:
                 proposals.append((None, 0, 0.0, None))
                 continue
-        bounded = row.own_copies
-        if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup():
+        bounded = row.spaces is not None
+        if bounded and len(row.context) < row.lookup_at and row.spaces.skip_lookup():
             proposals.append((None, 0, 0.0, None))
             continue
         if in_batch:  # this policy's batch looked this iteration (`batch_drafted` below)
-            looked[id(row.gamma)] = row.gamma
+            looked[id(row.cuts)] = row.cuts
         t = time.perf_counter()
-        key = (id(row.gamma), row.copying)  # auto is asked once per policy
-        if key not in wants:  # a fixed γ, or the policy's budget for the batch (`GammaPolicy.budget`)
-            wants[key] = row.gamma if fixed else row.gamma.budget(len(rows), row.copying)
+        key = (id(row.gamma), row.copying)  # a policy is asked once per iteration
+        if key not in wants:  # the policy's budget for the batch (`GammaPolicy.budget`)
+            wants[key] = row.gamma.budget(len(rows), row.copying)
         try:
             if bounded:
                 price_lookup(row)
@@ -142,13 +140,13 @@ def kind(row: Row) -> tuple | None:
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]],
                  until_last: bool = False) -> dict[int, int]:
     """Row index -> the width its drafter's part is cut to, for the rows of copying drafters under auto:
-    asked once per policy (`GammaPolicy.choose`: one width for all its rows); on a ragged target in a
+    asked once per policy (`CutsCopies.choose`: one width for all its rows); on a ragged target in a
     batch, for all such rows together, each its own (policy.ragged_widths: every row's extra pass is
     priced, whichever request it belongs to)."""
     found = {}  # row index -> (its policy, (match, drafts available, kind))
     for j, (row, (proposal, forced, _, copy_kind)) in enumerate(zip(rows, proposals)):
-        if row.copying:
-            found[j] = (row.gamma, (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None
+        if row.cuts is not None:
+            found[j] = (row.cuts, (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None
                         else (None, 0, None))
     if not any(given[1] for _, given in found.values()):  # nothing to cut (no row found a copy): not priced
         return dict.fromkeys(found, 0)
