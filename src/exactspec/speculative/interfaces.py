@@ -274,7 +274,7 @@ class Copies(Protocol):
 @runtime_checkable
 class Lookups(Copies, Protocol):
     """A copying drafter that looks matches up (prompt lookup, suffix): where it may copy from, and the
-    shortest match worth a lookup (`shortest`, set by auto γ: a shorter one cannot pay), its n-gram
+    shortest match worth a lookup (`shortest`, set by its policy alone: `SpacesLookups.set_shortest`, `PricesArms.set_shortest`; a shorter one cannot pay), its n-gram
     `orders` and longest match, and how long a match shorter than a lookup looks for is (`seen_tail`)."""
 
     shortest: int
