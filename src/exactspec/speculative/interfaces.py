@@ -274,8 +274,9 @@ class Copies(Protocol):
 @runtime_checkable
 class Lookups(Copies, Protocol):
     """A copying drafter that looks matches up (prompt lookup, suffix): where it may copy from, and the
-    shortest match worth a lookup (`shortest`, set by its policy alone: `SpacesLookups.set_shortest`, `PricesArms.set_shortest`; a shorter one cannot pay), its n-gram
-    `orders` and longest match, and how long a match shorter than a lookup looks for is (`seen_tail`)."""
+    shortest match worth a lookup (`shortest`, set by its policy alone, `set_shortest`: a shorter one
+    cannot pay), its n-gram `orders` and longest match, and how long a match shorter than a lookup looks
+    for is (`seen_tail`)."""
 
     shortest: int
     max_match: int
