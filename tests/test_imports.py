@@ -172,7 +172,8 @@ def test_no_capability_is_probed_by_an_attributes_name():
     an attribute's name. Control: a planted probe is found."""
     assert probes("finish = getattr(row.drafter, 'finish', None)\nok = hasattr(self.target, 'ragged')") == [
         "getattr(row.drafter, 'finish', None)", "hasattr(self.target, 'ragged')"]
-    checked = [PACKAGE / "engine.py", PACKAGE / "batching.py", PACKAGE / "drafting.py", *(PACKAGE / "autogamma").glob("*.py"),
+    checked = [PACKAGE / "engine.py", PACKAGE / "batching.py", PACKAGE / "drafting.py",
+               *(PACKAGE / "autogamma").glob("*.py"),
                *(PACKAGE / "speculative").glob("*.py"),
                *(PACKAGE / "drafters").glob("*.py")]
     found = {str(p.relative_to(PACKAGE)): probes(p.read_text()) for p in checked}

@@ -101,7 +101,7 @@ class Drafting:
         if gamma == "auto" and draft != "none":
             policy = self.learned.policy(draft, self.cost_model(draft), views)
             return self.make(draft, policy), policy
-        fixed = 1 if gamma == "auto" else gamma  # no drafter: the only drafts are grammar-forced ones, which γ does not budget
+        fixed = 1 if gamma == "auto" else gamma  # no drafter: only grammar-forced drafts, which γ does not budget
         return (self.make(draft) if fixed != 0 else None), FixedGamma(fixed)
 
     def set_source(self, source_ids: list[int]) -> None:

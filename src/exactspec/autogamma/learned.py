@@ -50,7 +50,8 @@ class Learned:
         """Whether `draft` has its cost model (and so the target its T(k)): `cost_model` measures nothing."""
         return self._target_costs is not None and draft in self._costs
 
-    def cost_model(self, draft: str, make: Callable[[str], Drafter | None], max_gamma: int = MAX_AUTO_GAMMA) -> CostModel:
+    def cost_model(self, draft: str, make: Callable[[str], Drafter | None],
+                   max_gamma: int = MAX_AUTO_GAMMA) -> CostModel:
         """The target's T(k) at a few context depths and T(B, k) (measured once, refined by every
         auto-gamma iteration: they are shared by every drafter's cost model) and the drafter's time per
         token and per proposal (measured once per drafter, on a fresh one from `make`, then refined by its
@@ -64,9 +65,9 @@ class Learned:
             drafter = make(draft)
             draft_s = 0.0 if drafter is None else measure_drafter(drafter, self.target.vocab_size,
                                                                   SamplingParams(temperature=1.0), k=MEASURED_DRAFT_K)
+            ragged = isinstance(self.target, RowContexts) and self.target.ragged
             self._costs[draft] = CostModel(self._target_costs, draft_s, target_observations=self._target_observations,
-                                           extra_at=self._target_extra_at,
-                                           batch=self._batch_costs, ragged=isinstance(self.target, RowContexts) and self.target.ragged,
+                                           extra_at=self._target_extra_at, batch=self._batch_costs, ragged=ragged,
                                            depth=self._depth_costs, copies=draft in COPYING,
                                            draft_s_per_step=MEASURED_DRAFT_K * draft_s)
         return self._costs[draft]

@@ -11,9 +11,10 @@ special case in the loop. `batched` says which kind an adapter is (batching.py d
 requests one after another); models/fast_llama.py and a llama.cpp context of several rows are batched.
 
 Optional capabilities are named protocols below: an adapter's (`ArgmaxSteps`, `RowContexts`,
-`SavedCache`, `PrefixSnapshots`, `PersistentPrefix`, `ReusablePrefix`), a drafter's (`Copies`, `Lookups`, `ReadsPrompt`, `Finishing`)
-and a γ policy's (`CutsCopies`, `SpacesLookups`, `PricesArms`), each checked by `isinstance` where a decoder, an engine or a proposal takes the object in, never probed
-by an attribute's name: a new backend's (or drafter's) author implements `CausalLM` (`Drafter`) and
+`SavedCache`, `PrefixSnapshots`, `PersistentPrefix`, `ReusablePrefix`), a drafter's (`Copies`, `Lookups`,
+`ReadsPrompt`, `Finishing`) and a γ policy's (`CutsCopies`, `SpacesLookups`, `PricesArms`), each checked
+by `isinstance` where a decoder, an engine or a proposal takes the object in, never probed by an
+attribute's name: a new backend's (or drafter's) author implements `CausalLM` (`Drafter`) and
 whichever of them it can, and the loop's paths say which they need.
 
 How many drafts each iteration verifies is always a `GammaPolicy`: a fixed γ (`fixed_gamma.FixedGamma`)
