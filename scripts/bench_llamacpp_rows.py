@@ -17,7 +17,7 @@ import time
 import exactspec
 from exactspec.bench.workloads import load_workload
 from exactspec.device import cpu_label
-from exactspec.measure import measure_target
+from exactspec.autogamma.measure import measure_target
 
 
 def decode_ceiling(lm, rows: int, context: int = 40, reps: int = 25) -> tuple[float, float]:

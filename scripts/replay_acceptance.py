@@ -15,7 +15,7 @@ from collections import defaultdict
 from exactspec.bench.workloads import load_workload
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import load
-from exactspec.speculative.acceptance import BUCKET_EDGES, COPY_PRIOR, bucket
+from exactspec.autogamma.acceptance import BUCKET_EDGES, COPY_PRIOR, bucket
 from exactspec.speculative.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)

@@ -14,7 +14,7 @@ import sys
 
 import exactspec
 from exactspec.drafters import suffix
-from exactspec.speculative import auto_gamma
+from exactspec.autogamma import policy as auto_gamma
 
 
 def main() -> None:

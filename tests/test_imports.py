@@ -99,21 +99,35 @@ def test_the_algorithm_imports_no_backend():
     assert not upward, "speculative/ imports models/: " + ", ".join(upward)
 
 
-def test_auto_gamma_is_priced_without_a_clock_and_reached_through_its_interface():
-    """Auto γ's room: the prices (costs.py), the acceptance (acceptance.py) and the policy (auto_gamma.py)
-    are arithmetic on what they are told (no clock, no model, no torch); the timed forwards that start
-    the prices live outside speculative/ (exactspec.measure); the loop and propose reach the policy only
-    through `interfaces.GammaPolicy`, never the class (so the policy can change without them)."""
-    edges, room = graph(), ("costs", "acceptance", "auto_gamma")
-    for name in room:
-        tree = ast.parse((PACKAGE / "speculative" / f"{name}.py").read_text())
+def test_the_algorithm_imports_nothing_of_auto_gamma():
+    """speculative/ (the algorithm, no I/O) imports nothing from autogamma/, and neither do the drafters:
+    the loop, propose and the auto drafter reach a γ policy through the protocols of
+    speculative/interfaces.py (`GammaPolicy`, `CutsCopies`, `SpacesLookups`, `PricesArms`), never its class,
+    so a policy can change (or a new one be added) without them. Control: a planted edge is found."""
+    def upward(edges: dict[str, set[str]]) -> list[str]:
+        return sorted(f"{name} -> {dep}" for name, deps in edges.items()
+                      if name.startswith(("exactspec.speculative", "exactspec.drafters"))
+                      for dep in deps if dep.startswith("exactspec.autogamma"))
+    assert upward({"exactspec.speculative.loop": {"exactspec.autogamma.policy"}})
+    found = upward(graph())
+    assert not found, "imports autogamma/: " + ", ".join(found)
+
+
+IO_MODULES = {"time", "torch", "statistics", "json", "os", "pathlib"}  # a clock, a model, a file
+
+
+def test_auto_gamma_is_priced_without_a_clock():
+    """Auto γ's room: the prices (costs.py), the acceptance (acceptance.py), the policy (policy.py) and what
+    an engine learns (learned.py) are arithmetic on what they are told (no clock, no model, no file, no
+    torch); its one file with I/O is measure.py, the timed forwards that start the prices."""
+    for path in sorted((PACKAGE / "autogamma").glob("*.py")):
+        if path.name == "measure.py":
+            continue
+        tree = ast.parse(path.read_text())
         names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                  for alias in node.names} | {node.module.split(".")[0] for node in ast.walk(tree)
-                                             if isinstance(node, ast.ImportFrom) and node.module}
-        assert not names & {"time", "torch", "statistics"}, f"speculative/{name}.py imports {names & {'time', 'torch', 'statistics'}}"
-    for name in ("loop", "propose", "rows"):
-        assert "exactspec.speculative.auto_gamma" not in edges[f"exactspec.speculative.{name}"], name
-    assert not [n for n, deps in edges.items() if n.startswith("exactspec.speculative") and "exactspec.measure" in deps]
+                                             if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+        assert not names & IO_MODULES, f"autogamma/{path.name} imports {names & IO_MODULES}"
 
 
 def unresolved(path: Path, name: str, known: set[str]) -> list[str]:
@@ -159,6 +173,7 @@ def test_no_capability_is_probed_by_an_attributes_name():
     assert probes("finish = getattr(row.drafter, 'finish', None)\nok = hasattr(self.target, 'ragged')") == [
         "getattr(row.drafter, 'finish', None)", "hasattr(self.target, 'ragged')"]
     checked = [PACKAGE / "engine.py", PACKAGE / "batching.py", PACKAGE / "drafting.py",
+               *(PACKAGE / "autogamma").glob("*.py"),
                *(PACKAGE / "speculative").glob("*.py"),
                *(PACKAGE / "drafters").glob("*.py")]
     found = {str(p.relative_to(PACKAGE)): probes(p.read_text()) for p in checked}

@@ -127,10 +127,11 @@ def test_tune_offers_remeasure():
 
 def test_t_k_refined_by_real_iterations_is_persisted_within_bounds(tiny_target, tmp_path, monkeypatch):
     """A wrong T(k) table heals by itself: what real iterations refined is written back to the cache entry
-    (`Drafting.save_costs`), so the next start begins from it; never more than REFINE_BOUND x away from the
+    (`Learned.save_costs`), so the next start begins from it; never more than REFINE_BOUND x away from the
     table as measured, however far the evidence pulls, and only after MIN_REFINED new iterations."""
-    from exactspec.drafting import MIN_REFINED, Drafting
-    from exactspec.measure import REFINE_BOUND
+    from exactspec.autogamma.learned import MIN_REFINED
+    from exactspec.autogamma.measure import REFINE_BOUND
+    from exactspec.drafting import Drafting
 
     monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
     tiny_target.cost_key = "test|refined"
@@ -140,13 +141,13 @@ def test_t_k_refined_by_real_iterations_is_persisted_within_bounds(tiny_target, 
         measured = list(cost.target_s)
         for _ in range(MIN_REFINED):
             cost.observe_target(1, 1.5 * measured[0])  # serving finds steps 1.5x the measurement
-        assert drafts.save_costs() and not drafts.save_costs()  # nothing new: not written again
+        assert drafts.learned.save_costs() and not drafts.learned.save_costs()  # nothing new: not written again
         first = Drafting(tiny_target).cost_model("prompt-lookup", max_gamma=4).target_s  # the next start
         assert 1.4 * measured[0] < first[0] <= 1.5 * measured[0] + 1e-12
         assert first[3] - first[0] == pytest.approx(measured[3] - measured[0])  # a wider pass: what it adds kept
         for _ in range(200):
             cost.observe_target(1, 1000.0)  # absurd evidence
-        assert drafts.save_costs()
+        assert drafts.learned.save_costs()
         bounded = Drafting(tiny_target).cost_model("prompt-lookup", max_gamma=4).target_s
         assert bounded[0] == pytest.approx(REFINE_BOUND * measured[0])
     finally:

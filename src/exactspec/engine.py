@@ -30,9 +30,8 @@ from .loading import Loaded, adapter, load_llamacpp, load_models, runtime
 from .models.light_tokenizer import llg_tokenizer
 from .models.seq2seq import Seq2SeqLM
 from .prefix_store import PREFIX_DISK_MB, DiskPrefixStore
-from .speculative.auto_gamma import AutoGamma
-from .speculative.costs import MAX_AUTO_GAMMA, CostModel
-from .speculative.interfaces import CausalLM, Drafter, PersistentPrefix, PrefixSnapshots, RowContexts
+from .autogamma.costs import MAX_AUTO_GAMMA, CostModel
+from .speculative.interfaces import CausalLM, Drafter, GammaPolicy, PersistentPrefix, PrefixSnapshots, RowContexts
 from .speculative.law import TargetLaw
 from .speculative.loop import decode_row
 from .speculative.params import DRAFT_NAMES, PREFILL_CHUNK, check_gamma
@@ -140,8 +139,8 @@ class Engine:
         return self.drafts.cost_model(self._draft(draft), max_gamma)
 
     def drafting(self, gamma: int | str | None = None, draft: str | None = None,
-                 views: dict | None = None) -> tuple[Drafter | None, int | AutoGamma]:
-        """A fresh drafter and the γ policy (a fixed γ, or an AutoGamma) for one generation; `views`: the
+                 views: dict | None = None) -> tuple[Drafter | None, GammaPolicy]:
+        """A fresh drafter and the γ policy (a FixedGamma, or an AutoGamma) for one generation; `views`: the
         request's (`Request.views`)."""
         return self.drafts.policy(self.gamma if gamma is None else check_gamma(gamma), self._draft(draft), views)
 
@@ -238,7 +237,7 @@ class Engine:
             raise ExactSpecError(f"n must be >= 1, got {n}")
         request = self.request(max_new_tokens, stop, gamma, draft, **sampling)
         if len(prompts) * n > 1:  # every row learns from one view, cautious at short matches (RequestAcceptance)
-            self.drafts.view(self._draft(draft), request.views, cautious=True)
+            self.drafts.learned.view(self._draft(draft), request.views, cautious=True)
         seeds = iter(row_seeds(seed, len(prompts), n))
         jobs = [[Job(self.new_result(p, chat_template), request, next(seeds)) for _ in range(n)] for p in prompts]
         stats = Stats()

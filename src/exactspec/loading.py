@@ -201,7 +201,7 @@ def _load_torch(path: str, draft: str, dtype, fast: bool, seq2seq: bool, where: 
         check_same_vocab(target_lm, draft_lm, tokenizer, draft)
         draft = "model"
     computes = getattr(target_lm, "dtype", wanted)
-    if os.path.isfile(path):  # a GGUF: auto γ's measured T(k) is cached per file and layout (drafting.py)
+    if os.path.isfile(path):  # a GGUF: auto γ's measured T(k) is cached per file and layout (autogamma/measure.py)
         target_lm.cost_key = f"torch|{file_identity(path)}|{where}|{computes}|{layout and layout.layout}"
     return Loaded(target_lm, tokenizer, draft, draft_lm, str(where), str(computes).removeprefix("torch."), layout,
                   describe(where, computes, layout))

@@ -11,8 +11,8 @@ from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
 from exactspec.models.fast_llama import FastLlamaLM
 from exactspec.speculative.sampling import SamplingParams
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.costs import CostModel
+from exactspec.autogamma.policy import AutoGamma
+from exactspec.autogamma.costs import CostModel
 from exactspec.stats import Stats
 
 from ..conftest import TINY_VOCAB, tiny_llama

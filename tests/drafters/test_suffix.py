@@ -25,7 +25,7 @@ GREEDY = SamplingParams(temperature=0)
 @pytest.mark.parametrize("seed,asked", [(seed, asked) for seed in range(3) for asked in (0.3, 0.03)])
 def test_seen_tail_counts_the_tokens_since_the_last_lookup(seed, asked):
     """`SuffixDrafter.seen_tail` of a drafter not asked to propose for several tokens (auto γ asks it
-    instead of looking up where nothing can be found: propose.cannot_match), whose index lags the context
+    instead of looking up where nothing can be found: lookups.cannot_match), whose index lags the context
     (past CATCH_UP tokens it indexes them): the same as a drafter asked at every token, over texts that copy
     themselves (no rewrites: a copy aligned through them is seen whatever the index holds)."""
     rng = random.Random(seed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exactspec.speculative.costs import CostModel
+from exactspec.autogamma.costs import CostModel
 
 Q41 = [1.0, 1.73, 2.13, 2.50, 3.05, 3.61, 3.86, 4.12, 4.54, 4.96, 5.38, 5.80, 6.24, 6.67, 7.11, 7.54]
 

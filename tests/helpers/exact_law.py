@@ -350,11 +350,12 @@ def product(*laws: dict) -> dict:
 def batch_run(target, specs: list[tuple], n: int) -> Callable[[], tuple]:
     """A `run` for `enumerate_law`: rows (prompt, make_drafter, params, gamma) decoded as ONE batch of the
     real loop for n tokens each -> their outputs, in row order."""
+    from exactspec.speculative.fixed_gamma import as_policy
     from exactspec.speculative.loop import decode_rows
     from exactspec.speculative.rows import Row
 
     def run() -> tuple:
-        rows = [Row(j, prompt, make(), params, gamma, n, None) for j, (prompt, make, params, gamma) in enumerate(specs)]
+        rows = [Row(j, prompt, make(), params, as_policy(gamma), n, None) for j, (prompt, make, params, gamma) in enumerate(specs)]
         out = {j: [] for j in range(len(rows))}
         for row, tokens in decode_rows(target, rows):
             out[row.key] += tokens

@@ -128,8 +128,8 @@ def grammar_oracle(grammar_vocab: int, prompt: list[int], params: SamplingParams
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.costs import CostModel, DepthCosts
+from exactspec.autogamma.policy import AutoGamma
+from exactspec.autogamma.costs import CostModel, DepthCosts
 from exactspec.speculative.loop import decode
 from exactspec.stats import Stats
 

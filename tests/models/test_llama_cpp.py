@@ -20,7 +20,7 @@ from exactspec.drafters.suffix import PromptLookupDrafter  # noqa: E402
 from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
 from exactspec.models.llamacpp.adapter import LlamaCppLM, load_llama_cpp  # noqa: E402
-from exactspec.speculative.auto_gamma import AutoGamma  # noqa: E402
+from exactspec.autogamma.policy import AutoGamma  # noqa: E402
 from exactspec.speculative.loop import decode  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.stats import Stats  # noqa: E402

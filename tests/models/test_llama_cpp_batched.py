@@ -18,7 +18,7 @@ from exactspec.embedded import embedded_model_path  # noqa: E402
 from exactspec.engine import llamacpp_engine  # noqa: E402
 from exactspec.errors import ExactSpecError  # noqa: E402
 from exactspec.models.llamacpp.adapter import LlamaCppLM, load_llama_cpp  # noqa: E402
-from exactspec.speculative.auto_gamma import AutoGamma  # noqa: E402
+from exactspec.autogamma.policy import AutoGamma  # noqa: E402
 from exactspec.speculative.loop import decode_batch  # noqa: E402
 from exactspec.speculative.sampling import SamplingParams  # noqa: E402
 from exactspec.speculative.verify import verify  # noqa: E402

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from exactspec.drafters.suffix import PromptLookupDrafter
-from exactspec.measure import measure_depths
+from exactspec.autogamma.measure import measure_depths
 from exactspec.errors import ExactSpecError
 from exactspec.models.torch_hf import HFCausalLM
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.costs import CostModel
+from exactspec.autogamma.policy import AutoGamma
+from exactspec.autogamma.costs import CostModel
 from exactspec.speculative.loop import decode
 from exactspec.speculative.sampling import SamplingParams
 

@@ -24,6 +24,7 @@ from exactspec.detokenize import IncrementalText
 from exactspec.server import create_app
 from exactspec.server.history import for_template
 from exactspec.server.limits import MAX_GRAMMAR_RULES, MAX_STOP_CHARS, MAX_STOPS
+from exactspec.speculative.fixed_gamma import FixedGamma
 from exactspec.speculative.lark_finite import nonterminating
 from exactspec.speculative.law import Penalties, TargetLaw
 from exactspec.speculative.loop import BatchDecoder, Row, decode
@@ -358,9 +359,9 @@ def test_a_failing_row_fails_alone(embedded):
     bad_law = TargetLaw(sampled, prompt, embedded.target.vocab_size, penalties=Penalties({5: 1.0}))
     bad_law.probs = lambda logits, drafts, offset=0, record=True: torch.full(logits.shape, float("nan"))
     decoder = BatchDecoder(embedded.target)
-    rows = [Row(0, prompt, None, greedy, 0, 6, torch.Generator().manual_seed(0)),
-            Row(1, prompt, None, sampled, 0, 6, torch.Generator().manual_seed(1), law=bad_law),
-            Row(2, prompt, None, greedy, 0, 6, torch.Generator().manual_seed(2))]
+    rows = [Row(0, prompt, None, greedy, FixedGamma(0), 6, torch.Generator().manual_seed(0)),
+            Row(1, prompt, None, sampled, FixedGamma(0), 6, torch.Generator().manual_seed(1), law=bad_law),
+            Row(2, prompt, None, greedy, FixedGamma(0), 6, torch.Generator().manual_seed(2))]
     decoder.add(rows)
     out = {0: [], 2: []}
     while decoder.rows:
@@ -396,8 +397,8 @@ def test_a_failing_drafter_fails_its_row_alone(embedded):
     greedy = SamplingParams(temperature=0)
     alone = embedded.generate_batch("Count: 1, 2, 3,", max_new_tokens=6, temperature=0, chat_template=False)[0][0]
     decoder = BatchDecoder(embedded.target)
-    rows = [Row(0, prompt, None, greedy, 0, 6, None), Row(1, prompt, _BrokenDrafter(), greedy, 4, 6, None),
-            Row(2, prompt, None, greedy, 0, 6, None)]
+    rows = [Row(0, prompt, None, greedy, FixedGamma(0), 6, None), Row(1, prompt, _BrokenDrafter(), greedy, FixedGamma(4), 6, None),
+            Row(2, prompt, None, greedy, FixedGamma(0), 6, None)]
     decoder.add(rows)
     out = {0: [], 2: []}
     while decoder.rows:

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-import exactspec.measure
+import exactspec.autogamma.measure
 from exactspec.engine import Engine, GenerationResult
 from exactspec.errors import ExactSpecError
 from exactspec.server import create_app
@@ -385,10 +385,10 @@ def test_concurrent_mixed_requests_share_batches_exactly(server, monkeypatch):
     each is exactly what it is alone, and the counters add up. The "auto" request joins while the
     batch runs and finds the target's speed unmeasured: measuring it must not disturb the batch."""
     engine, refs = server.app.state.engine, server.refs
-    monkeypatch.setattr(engine.drafts, "_target_costs", None)
-    quick = functools.partial(exactspec.measure.measure_target, context=20, reps=1)  # it still resets the cache
-    monkeypatch.setattr(exactspec.measure, "measure_target", quick)
-    monkeypatch.setattr(exactspec.measure, "measure_deeper", lambda *a, **k: ([], []))  # the base depth only
+    monkeypatch.setattr(engine.drafts.learned, "_target_costs", None)
+    quick = functools.partial(exactspec.autogamma.measure.measure_target, context=20, reps=1)  # it still resets the cache
+    monkeypatch.setattr(exactspec.autogamma.measure, "measure_target", quick)
+    monkeypatch.setattr(exactspec.autogamma.measure, "measure_deeper", lambda *a, **k: ([], []))  # the base depth only
     text = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0}
     chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12}
     first = (TEXT, {**text, "prompt": COUNTING_PROMPT, "max_tokens": 30, "gamma": 2}, [refs.counting])

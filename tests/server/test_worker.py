@@ -19,7 +19,7 @@ class Since:
 
 def test_refined_costs_are_persisted_only_from_a_quiet_window(embedded, monkeypatch):
     saved = []
-    monkeypatch.setattr(embedded.drafts, "save_costs", lambda: saved.append(True) or True)
+    monkeypatch.setattr(embedded.drafts.learned, "save_costs", lambda: saved.append(True) or True)
     worker = Worker(embedded, Metrics(), 1)
     worker._costs_watch = Since(others=1.5)  # a compile beside the server: its timings price a busy machine
     worker.save_costs()

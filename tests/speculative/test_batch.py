@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.measure import measure_target
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.costs import CostModel
+from exactspec.autogamma.costs import CostModel
+from exactspec.autogamma.measure import measure_target
+from exactspec.autogamma.policy import AutoGamma
+from exactspec.speculative.fixed_gamma import FixedGamma
 from exactspec.speculative.loop import decode
 from exactspec.speculative.loop import BatchDecoder, Row, decode_batch
 from exactspec.drafters.ngram import NGramDrafter
@@ -162,7 +163,7 @@ def run_joining(target, schedule: list[tuple[int, Row]], on_step=None) -> dict:
 
 
 def greedy_row(key, prompt, drafter, gamma, n=20):
-    return Row(key, prompt, drafter, GREEDY, gamma, n, torch.Generator().manual_seed(0))
+    return Row(key, prompt, drafter, GREEDY, FixedGamma(gamma), n, torch.Generator().manual_seed(0))
 
 
 def test_rows_joining_mid_flight_equal_rows_alone(fast_tiny):
@@ -191,7 +192,7 @@ def test_rows_with_their_own_params_and_gamma_match_alone(fast_tiny):
              ("copy2", SamplingParams(temperature=0.9), 2, PROMPTS[3], 3)]
 
     def gamma_of(g):
-        return AutoGamma(cost, 0.5) if g == "auto" else g
+        return AutoGamma(cost, 0.5) if g == "auto" else FixedGamma(g)
 
     schedule = [(at, Row(key, prompt, PromptLookupDrafter(), params, gamma_of(g), 16,
                          torch.Generator().manual_seed(100 + i)))

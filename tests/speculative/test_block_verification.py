@@ -30,6 +30,7 @@ from exactspec.speculative import sampling
 from exactspec.speculative import verify as verify_module
 from exactspec.speculative.accept import ARGMAX, ON_DEVICE, Sampled, acceptance
 from exactspec.speculative.law import Penalties, TargetLaw
+from exactspec.speculative.fixed_gamma import as_policy
 from exactspec.speculative.loop import decode, decode_rows
 from exactspec.speculative.rows import Row
 from exactspec.speculative.sampling import SamplingParams, as_numpy, warp
@@ -240,7 +241,7 @@ def tiny_pair():
 
 def batched(target, specs: list[tuple], seeds: list[int | None]) -> tuple[list[list[int]], list[Row]]:
     """Rows (drafter factory, params, γ) over BATCH_PROMPTS decoded as ONE batch -> each row's tokens, the rows."""
-    rows = [Row(j, prompt, make(), params, gamma, LENGTH, None if seed is None else torch.Generator().manual_seed(seed))
+    rows = [Row(j, prompt, make(), params, as_policy(gamma), LENGTH, None if seed is None else torch.Generator().manual_seed(seed))
             for j, (prompt, (make, params, gamma), seed) in enumerate(zip(BATCH_PROMPTS, specs, seeds))]
     out = {row.key: [] for row in rows}
     for row, tokens in decode_rows(target, rows):

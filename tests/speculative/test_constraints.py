@@ -169,8 +169,8 @@ def test_greedy_constrained_speculative_equals_plain(tiny_target, tiny_draft, ll
 def test_forced_tokens_are_proposed_whatever_gamma(tiny_target, llg_tok, drafter):
     """A forced run longer than γ is proposed whole (forced tokens are outside the drafter's budget),
     also when auto γ would not speculate at all; greedy output == constrained plain."""
-    from exactspec.speculative.auto_gamma import AutoGamma
-    from exactspec.speculative.costs import CostModel
+    from exactspec.autogamma.policy import AutoGamma
+    from exactspec.autogamma.costs import CostModel
     from exactspec.stats import Stats
 
     greedy, regex = SamplingParams(temperature=0), "[ab]cdefcdef[ab]+"

@@ -1,5 +1,5 @@
 """Exact-law tests of auto γ and the auto drafter: the loop's law is the target's while γ and the drafter
-are chosen online, per iteration, by the real policies (speculative/auto_gamma.py `AutoGamma`,
+are chosen online, per iteration, by the real policies (autogamma/policy.py `AutoGamma`,
 drafters/auto.py `AutoDrafter`).
 
 How the enumeration follows state learned online. Auto γ's acceptance posteriors and probe counter,
@@ -40,9 +40,9 @@ from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.suffix import PromptLookupDrafter, SuffixDrafter
 from exactspec.drafters.suffix_index import SuffixIndex
-from exactspec.speculative.acceptance import COPY_PRIOR, Acceptance
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.costs import CostModel
+from exactspec.autogamma.acceptance import COPY_PRIOR, Acceptance
+from exactspec.autogamma.policy import AutoGamma
+from exactspec.autogamma.costs import CostModel
 from exactspec.speculative.loop import decode_rows
 from exactspec.speculative.rows import Row
 from exactspec.speculative.sampling import SamplingParams

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from exactspec.bench.workloads import load_workload
-from exactspec.speculative.auto_gamma import AutoGamma, batch_value, ragged_widths
-from exactspec.speculative.costs import CostModel, passes
-from exactspec.speculative.acceptance import bucket
+from exactspec.autogamma.policy import AutoGamma, batch_value, ragged_widths
+from exactspec.autogamma.costs import CostModel, passes
+from exactspec.autogamma.acceptance import bucket
 from exactspec.speculative.loop import decode
 from exactspec.drafters.suffix import PromptLookupDrafter
 from exactspec.engine import Engine
@@ -221,7 +221,7 @@ def test_engine_keeps_what_it_learned_across_requests(tiny_target):
     """Acceptance by match length and T(k) live on the Engine: the second request's policy starts from
     the first one's history (server, generate_batch and bench all go through `drafting`)."""
     engine = Engine(tiny_target, None, "prompt-lookup", "auto")
-    engine.drafts._target_costs, engine.drafts._target_observations = [0.01 * (1 + 0.5 * k) for k in range(33)], [0] * 33
+    engine.drafts.learned._target_costs, engine.drafts.learned._target_observations = [0.01 * (1 + 0.5 * k) for k in range(33)], [0] * 33
     _, first = engine.drafting("auto")
     for _ in range(10):
         first.observe(32, 32, match=40)

@@ -24,8 +24,7 @@ from exactspec.speculative import accept as accept_module
 from exactspec.speculative import propose as propose_module
 from exactspec.speculative import sampling
 from exactspec.speculative import verify as verify_module
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.interfaces import Proposal
+from exactspec.speculative.interfaces import CutsCopies, Proposal
 from exactspec.speculative.law import Penalties, TargetLaw
 from exactspec.speculative.rows import Row
 from exactspec.speculative.sampling import SamplingParams, as_numpy, warp
@@ -132,7 +131,7 @@ def always_accept(draft_ids, draft_probs, target_probs, uniforms, lenience=1.0):
 
 
 def cut_after_drafting(match_of):
-    """Under auto γ, every drafter's proposal is cut after drafting, as a copy's is (`Row.copying`),
+    """Under auto γ, every drafter's proposal is cut after drafting, as a copy's is (`Row.cuts`),
     to auto γ's width for the match length `match_of(proposal)` that the bigram drafter now reports."""
     original, row_init = NGramDrafter.propose, Row.__post_init__
 
@@ -143,7 +142,7 @@ def cut_after_drafting(match_of):
 
     def every_row_copies(self):
         row_init(self)
-        self.copying = isinstance(self.gamma, AutoGamma)
+        self.cuts = self.gamma if isinstance(self.gamma, CutsCopies) else None
 
     def install(mp):
         mp.setattr(Row, "__post_init__", every_row_copies)

@@ -30,11 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..speculative.interfaces import Copies, Drafter, Finishing, Lookups, PricesArms, Proposal
+from ..speculative.params import sampling_mode
 from ..speculative.sampling import SamplingParams
 from ..speculative.theory import expected_tokens
-from ..speculative.auto_gamma import AutoGamma
-from ..speculative.acceptance import sampling_mode
-from ..speculative.interfaces import Copies, Drafter, Finishing, Lookups, Proposal
 
 
 @dataclass
@@ -103,9 +102,9 @@ class AutoDrafter:
     no copy is predicted to pay do the model arms (bigram, a draft model) propose, ranked by the
     bandit, each at the width auto γ gives its own learned α, and only if that width pays. A copy
     that does not pay is still returned when no model arm does, so that auto γ's probes keep
-    measuring it. The decode loop then cuts the proposal (`AutoGamma.choose`), as for any copy."""
+    measuring it. The decode loop then cuts the proposal (`CutsCopies.choose`), as for any copy."""
 
-    def __init__(self, bandit: DraftBandit, arms: dict[str, Drafter], policy: AutoGamma | None = None) -> None:
+    def __init__(self, bandit: DraftBandit, arms: dict[str, Drafter], policy: PricesArms | None = None) -> None:
         if not arms:
             raise ValueError("auto drafting needs at least one drafter")
         self.bandit, self.arms, self.policy = bandit, arms, policy
@@ -138,7 +137,7 @@ class AutoDrafter:
         for name, arm in self.arms.items():
             if arm.copies:
                 if name in lookups:  # no lookup for matches too short to pay
-                    lookups[name].shortest = self.policy.shortest_paying([(s, mode) for s in lookups[name].sources])
+                    self.policy.set_shortest(lookups[name], [(s, mode) for s in lookups[name].sources])
                 proposal = arm.propose(context, k, params, generator, law=law)  # timed by auto γ, per proposal
                 if len(proposal):
                     source = (copiers[name].source if name in copiers else None) or "context"

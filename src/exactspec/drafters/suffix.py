@@ -142,7 +142,7 @@ class SuffixDrafter:
     def _seen(self, context: list[int], o: int, n: int, indexed: int) -> bool:
         """Whether the context's trailing n-gram (order index o) occurred before, followed by a token: in the
         index, or among the context's tokens from `indexed` on, not indexed yet (auto γ asks `seen_tail`
-        instead of looking up where it can tell that nothing is to be found: propose.cannot_match)."""
+        instead of looking up where it can tell that nothing is to be found: lookups.cannot_match)."""
         if len(context) < n:
             return False
         gram = context[-n:]

@@ -136,11 +136,11 @@ class Worker:
 
     # --- serving -------------------------------------------------------------------------------
     def save_costs(self) -> None:
-        """Persist T(k) as serving refined it since the last save (`Drafting.save_costs`), unless other
+        """Persist T(k) as serving refined it since the last save (`Learned.save_costs`), unless other
         processes were busy meanwhile (quiet.py): timings taken beside them price a machine that is gone
         when they end, and the next start would begin from them."""
         if not self._costs_watch.so_far().disturbed:
-            self.engine.drafts.save_costs()
+            self.engine.drafts.learned.save_costs()
         self._costs_watch = quiet.Watch.start(torch.get_num_threads())
 
     def _serve(self) -> None:

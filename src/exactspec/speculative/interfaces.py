@@ -11,13 +11,16 @@ special case in the loop. `batched` says which kind an adapter is (batching.py d
 requests one after another); models/fast_llama.py and a llama.cpp context of several rows are batched.
 
 Optional capabilities are named protocols below: an adapter's (`ArgmaxSteps`, `RowContexts`,
-`SavedCache`, `PrefixSnapshots`, `PersistentPrefix`, `ReusablePrefix`) and a drafter's (`Copies`, `Lookups`, `ReadsPrompt`, `Finishing`),
-each checked by `isinstance` where a decoder, an engine or a proposal takes the object in, never probed
-by an attribute's name: a new backend's (or drafter's) author implements `CausalLM` (`Drafter`) and
+`SavedCache`, `PrefixSnapshots`, `PersistentPrefix`, `ReusablePrefix`), a drafter's (`Copies`, `Lookups`,
+`ReadsPrompt`, `Finishing`) and a γ policy's (`CutsCopies`, `SpacesLookups`, `PricesArms`), each checked
+by `isinstance` where a decoder, an engine or a proposal takes the object in, never probed by an
+attribute's name: a new backend's (or drafter's) author implements `CausalLM` (`Drafter`) and
 whichever of them it can, and the loop's paths say which they need.
 
-How many drafts each iteration verifies is an int, or a `GammaPolicy` (auto γ) that the loop asks once
-per iteration and tells what each iteration cost and kept.
+How many drafts each iteration verifies is always a `GammaPolicy`: a fixed γ (`fixed_gamma.FixedGamma`)
+or auto γ (autogamma/), which the loop asks once per iteration and tells what each iteration cost and
+kept. What only auto γ does is split by who asks: propose cuts copies (`CutsCopies`) and spaces a
+copier's lookups (`SpacesLookups`), the auto drafter prices its arms (`PricesArms`).
 
 Drafter: propose up to k tokens (with the law they were drawn from), then hear the outcome.
 Drafters never see the target model. The verifier only needs each proposed token and the draft
@@ -272,8 +275,9 @@ class Copies(Protocol):
 @runtime_checkable
 class Lookups(Copies, Protocol):
     """A copying drafter that looks matches up (prompt lookup, suffix): where it may copy from, and the
-    shortest match worth a lookup (`shortest`, set by auto γ: a shorter one cannot pay), its n-gram
-    `orders` and longest match, and how long a match shorter than a lookup looks for is (`seen_tail`)."""
+    shortest match worth a lookup (`shortest`, set by its policy alone, `set_shortest`: a shorter one
+    cannot pay), its n-gram `orders` and longest match, and how long a match shorter than a lookup looks
+    for is (`seen_tail`)."""
 
     shortest: int
     max_match: int
@@ -306,60 +310,97 @@ class Finishing(Protocol):
         ...
 
 
+@runtime_checkable
 class GammaPolicy(Protocol):
-    """How many drafts an iteration verifies, chosen as decoding goes (auto γ: `auto_gamma.AutoGamma`); a
-    fixed γ is a plain int. A row's `gamma` is one or the other; rows of one request share a policy, and
-    `propose` asks it once per iteration for all of them (`budget`, `choose` / `ragged_widths`). It
-    prices a row at its context depth (`depth`, set before the row drafts). A context-only copier's
-    lookups may be skipped while no match can pay (`skip_lookup`, `shortest_paying`); a batch whose
-    copies keep being cut to nothing rests (`resting`, `batch_drafted`). The loop reports each
-    iteration's time (`observe_step`), each proposal's outcome (`observe`) and each row's end (`finish`)."""
+    """How many drafts an iteration verifies: a fixed γ (`fixed_gamma.FixedGamma`), or chosen as decoding
+    goes (auto γ: `autogamma.policy.AutoGamma`). Every row has one; rows of one request share it, and
+    `propose` asks it once per iteration for all of them (`budget`). It prices a row at its context depth
+    (`depth`, set by propose before the row drafts). The loop reports each iteration's time
+    (`observe_step`), each proposal's outcome (`observe`) and each row's end (`finish`)."""
 
     depth: int | None
-    min_gain: float
-
-    @property
-    def max_gamma(self) -> int:
-        ...
-
-    @property
-    def ragged(self) -> bool:
-        """The target scores each row's own tokens unpadded (priced by `ragged_widths`)."""
 
     def budget(self, rows: int, copying: bool) -> int:
-        """Drafts to propose this iteration in a batch of `rows` (a copying drafter: all it may use, cut
-        afterwards by `choose`)."""
+        """Drafts to propose this iteration in a batch of `rows` (a copying drafter under a policy that
+        `CutsCopies`: all it may use, cut afterwards)."""
+        ...
 
-    def skip_lookup(self) -> bool:
-        """Whether a context-only copier's lookup, not yet able to pay, is skipped now (False: a probe is due)."""
+    def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None,
+                     depth: int | None = None) -> None:
+        """One iteration over up to k new tokens per row (row b's count in `lengths`) took `seconds`."""
+        ...
 
-    def shortest_paying(self, kinds: list[object], longest: int = 3) -> int:
-        """The shortest match length worth a lookup."""
-
-    def resting(self) -> bool:
-        """Whether a batch's copies skip drafting this iteration (asked once per iteration: it counts them)."""
-
-    def batch_drafted(self, drafted: bool) -> None:
-        """Whether any copy of a batch iteration that looked up was kept."""
+    def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
+                kind: object = None) -> None:
+        """Outcome of one proposal (its drafting time, its match length and kind of copy)."""
+        ...
 
     def finish(self) -> None:
         """A row of this policy ended (what it has timed but kept goes into the shared costs: `observe_step`)."""
+        ...
+
+
+@runtime_checkable
+class CutsCopies(Protocol):
+    """A policy that cuts a copying drafter's proposals once their match lengths are known (auto γ): one
+    width for a policy's rows (`choose`), or, on a `ragged` target in a batch, a width per row (`alphas`,
+    `ragged_widths`); a batch whose copies keep being cut to nothing rests (`resting`, `batch_drafted`)."""
+
+    ragged: bool  # the target scores each row's own tokens unpadded (priced by `ragged_widths`)
 
     def alphas(self, rows: list[tuple]) -> list[tuple[float, int]]:
         """(α, drafts it may keep) per row of (match length, proposal length[, kind])."""
+        ...
 
     def choose(self, rows: list[tuple], batch: int | None = None, depth: int | None = None) -> int:
         """One width (0 = plain) for its rows of (match length, proposal length[, kind])."""
+        ...
 
     def ragged_widths(self, alphas: list[tuple[float, int]], base: list[int],
                       left: list[int] | None = None) -> list[int]:
         """A ragged batch's drafts per row, each row scoring base[b] tokens anyway (`left`: the tokens each
         row may still emit, where the batch ends with its last row; None: each row's tokens count alone)."""
-
-    def observe_step(self, k: int, seconds: float, batch: int = 1, lengths: list[int] | None = None,
-                     depth: int | None = None) -> None:
         ...
 
-    def observe(self, proposed: int, accepted: int, draft_s: float | None = None, match: int | None = None,
-                kind: object = None) -> None:
+    def resting(self) -> bool:
+        """Whether a batch's copies skip drafting this iteration (asked once per iteration: it counts them)."""
+        ...
+
+    def batch_drafted(self, drafted: bool) -> None:
+        """Whether any copy of a batch iteration that looked up was kept."""
+        ...
+
+
+@runtime_checkable
+class SpacesLookups(Protocol):
+    """A policy that spaces a context-only copier's lookups (auto γ, speculative/lookups.py): the shortest
+    match worth a lookup, written to the drafter by the policy alone (`set_shortest`), and whether a lookup
+    that cannot pay yet is skipped now (`skip_lookup`)."""
+
+    def set_shortest(self, drafter: Lookups, kinds: list[object], longest: int = 3) -> None:
+        """Set `drafter.shortest` to the shortest match (at most `longest`) a copy of one of `kinds` pays at."""
+        ...
+
+    def skip_lookup(self) -> bool:
+        """Whether a context-only copier's lookup, not yet able to pay, is skipped now (False: a probe is due)."""
+        ...
+
+
+@runtime_checkable
+class PricesArms(Protocol):
+    """A policy that prices a proposal before it is made (auto γ), for the auto drafter's arms: which
+    copy pays most (`best`, by `min_gain`), the width a model arm's proposal pays at (`model_width`), and
+    the shortest match worth an arm's lookup (`set_shortest`)."""
+
+    min_gain: float
+
+    def set_shortest(self, drafter: Lookups, kinds: list[object], longest: int = 3) -> None:
+        ...
+
+    def best(self, rows: list[tuple], batch: int | None = None, depth: int | None = None) -> tuple[int, float]:
+        """-> (the width with the highest predicted speed-up for rows of (match, available, kind), that speed-up)."""
+        ...
+
+    def model_width(self, kind: object, k: int) -> int:
+        """The width a model arm's proposal of at most k tokens pays at (0: none)."""
         ...

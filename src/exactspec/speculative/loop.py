@@ -46,6 +46,7 @@ from ..errors import ExactSpecError
 from .prefix_cache import cache_of, remember
 from ..stats import Stats, total
 from .accept import Scored, acceptance
+from .fixed_gamma import FixedGamma, as_policy
 from .interfaces import ArgmaxSteps, CausalLM, Drafter, Finishing, GammaPolicy, RowContexts
 from .law import TargetLaw
 from .propose import prepare, propose
@@ -259,8 +260,8 @@ class BatchDecoder:
     def _commit(self, rows: list[Row], drafts: list[Draft], emitted: list[list[int]], seconds: float) -> None:
         """The one commit: auto γ's T(B, k), then per row its feedback, tokens, law and stats (`emitted[j]`
         cut in place at EOS / max_new_tokens); then every row's cache rolled back to its accepted prefix."""
-        policy = rows[0].gamma if len(rows) == 1 else next((r.gamma for r in rows if not isinstance(r.gamma, int)), 0)
-        if not isinstance(policy, int):  # T(B, k) is the target's: one observation serves every policy
+        policy = next((r.gamma for r in rows if not isinstance(r.gamma, FixedGamma)), None)
+        if policy is not None:  # T(B, k) is the target's: one observation serves every policy that learns
             lengths = [len(d.ids) + 1 for d in drafts]
             policy.observe_step(max(lengths), seconds, len(rows), lengths=lengths)
         self._keep = [len(row.context) + len(tokens) - 1 for row, tokens in zip(rows, emitted)]  # [A]
@@ -280,8 +281,7 @@ class BatchDecoder:
         k, n = len(d.ids), len(emitted) - 1  # drafts, accepted drafts
         if row.drafter is not None and k > d.forced:  # the drafter's own part (after the forced tokens)
             row.drafter.observe(k - d.forced, max(0, n - d.forced))
-            if not isinstance(row.gamma, int):
-                row.gamma.observe(k - d.forced, max(0, n - d.forced), d.seconds, d.match, d.kind)
+            row.gamma.observe(k - d.forced, max(0, n - d.forced), d.seconds, d.match, d.kind)
         emitted = emitted[: row.max_new_tokens - row.produced]
         eos = self.target.eos_token_ids if self.stop_on_eos else ()
         eos_at = next((i for i, t in enumerate(emitted) if t in eos), None)
@@ -340,8 +340,7 @@ def _same_prompt(rows: list[Row]) -> list[list[Row]]:
 def _finish(row: Row) -> None:
     """Tell a row's γ policy (it keeps some timings until then: `GammaPolicy.finish`) and its drafter (a
     store-writing drafter keeps the last tokens) that its generation ended."""
-    if not isinstance(row.gamma, int):
-        row.gamma.finish()
+    row.gamma.finish()
     if isinstance(row.drafter, Finishing):
         try:
             row.drafter.finish(row.context)
@@ -443,6 +442,7 @@ def decode_batch(
     row_stats = row_stats if row_stats is not None else [Stats() for _ in prompts]
     cancelled = cancelled if cancelled is not None else set()
     laws = laws if laws is not None else [None] * len(prompts)
+    gamma = as_policy(gamma)
     rows = [Row(r, prompts[r], drafters[r], params, gamma, max_new_tokens, generators[r], row_stats[r], laws[r])
             for r in range(len(prompts))]
     for row, tokens in decode_rows(target, rows, batch_stats, stop_on_eos, verifier):
@@ -469,7 +469,7 @@ def decode(
     `law` (law.py): the per-position transform (grammar, penalties, logprobs) of `params`'
     law, applied to target and drafts alike; it also proposes grammar-forced tokens.
     `verifier`: the speculative-sampling rule (tests inject broken ones as negative controls)."""
-    row = Row(0, prompt_ids, drafter, params, gamma, max_new_tokens, generator,
+    row = Row(0, prompt_ids, drafter, params, as_policy(gamma), max_new_tokens, generator,
               stats if stats is not None else Stats(), law)
     yield from decode_row(target, row, stop_on_eos, verifier)
 

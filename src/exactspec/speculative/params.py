@@ -61,6 +61,12 @@ class SamplingParams:
         return self.temperature < MIN_TEMPERATURE
 
 
+def sampling_mode(params: SamplingParams) -> str:
+    """"greedy" or "sampled": half of the key a copy's acceptance is learned under (autogamma's
+    `Acceptance.of`), since a sampled row keeps a copied token less often than a greedy one."""
+    return "greedy" if params.greedy else "sampled"
+
+
 def check_gamma(gamma: int | str) -> int | str:
     """γ is an integer >= 0 (an int or its digits) or "auto"."""
     if gamma == "auto":

@@ -8,6 +8,7 @@ import torch
 
 from .interfaces import Drafter, Proposal, ReadsPrompt
 from .law import TargetLaw
+from .lookups import cannot_match, next_lookup, price_lookup
 from .rows import Draft, Row
 from .sampling import SamplingParams
 
@@ -22,33 +23,12 @@ def prepare(row: Row) -> None:
     try:
         if isinstance(row.drafter, ReadsPrompt):
             row.drafter.read_prompt(row.prompt)
-        if row.own_copies:
+        if row.spaces is not None:
             row.gamma.depth = len(row.prompt)
             price_lookup(row)
             cannot_match(row)
     except Exception as e:
         row.error = e
-
-
-def price_lookup(row: Row) -> None:
-    """Tell a context-only copier's lookup the shortest match auto γ predicts to pay (`shortest_paying`,
-    recalled between pricings): shorter ones are not looked for."""
-    row.drafter.shortest = row.gamma.shortest_paying((("context", row.mode),), row.drafter.max_match)
-
-
-def cannot_match(row: Row) -> bool:
-    """Whether a context-only copier's lookup surely finds nothing: the context's trailing n-gram of the
-    shortest order it looks up never occurred before (`Lookups.seen_tail`; a copy aligned through the
-    prompt's rewrites counts as seen), and a longer match would end with it. Its next lookup is then set
-    as that lookup finding nothing sets it (`next_lookup`), and the drafter is not asked: most lookups of
-    chat and short answers find nothing, and the drafter's call (it indexes the tokens since its last
-    lookup) was most of their cost."""
-    order = min(row.drafter.shortest, row.drafter.orders[0])
-    found = row.lookups.seen_tail(row.context, order + 1)
-    if found >= order:
-        return False
-    look_again(row, found)
-    return True
 
 
 def draft(drafter: Drafter | None, k: int, context: list[int], room: int, params: SamplingParams,
@@ -87,39 +67,37 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
     (`before_eos`; `eos`: the target's end-of-sequence ids); rows of copying drafters under auto
     are then cut to one width of the drafter's part per policy, priced by T(B, width + 1) (on a
     ragged target, to a width per row, priced by the passes they add; such a batch sits an iteration
-    out while its copies keep being cut to nothing, `GammaPolicy.resting`; `until_last`: the batch ends
+    out while its copies keep being cut to nothing, `CutsCopies.resting`; `until_last`: the batch ends
     with its last row and no request waits for a row's place, so drafts are priced by what they save the
-    batch, not the tokens a row gains: auto_gamma.batch_value). A row whose
+    batch, not the tokens a row gains: policy.batch_value). A row whose
     drafting raises gets `error` set and no drafts; the other rows' drafts are untouched."""
     proposals, wants, resting, looked = [], {}, {}, {}
     for row in rows:
         cap = min(row.max_new_tokens - row.produced - 1, room - 1)  # an iteration emits up to k + 1 tokens
-        fixed = isinstance(row.gamma, int)
-        if not fixed:  # auto prices this iteration (and learns from its timing) at the row's context depth
-            row.gamma.depth = len(row.context)
-        if cap <= 0 or (fixed and row.gamma <= 0) or (row.drafter is None and row.law is None) or row.error is not None:
+        row.gamma.depth = len(row.context)  # its policy prices this iteration (and learns from its timing) here
+        if cap <= 0 or row.plain or (row.drafter is None and row.law is None) or row.error is not None:
             proposals.append((None, 0, 0.0, None))
             continue
         # a copying row in a batch on a ragged target: priced by `ragged_widths`, and resting with its
-        # policy while the batch's copies keep being cut to nothing (`GammaPolicy.resting`: asked once per
+        # policy while the batch's copies keep being cut to nothing (`CutsCopies.resting`: asked once per
         # iteration, before a row's own spacing below, so that the two wait side by side, not one after the other)
-        in_batch = len(rows) > 1 and row.copying and row.gamma.ragged and row.law is None
+        in_batch = len(rows) > 1 and row.cuts is not None and row.cuts.ragged and row.law is None
         if in_batch:
-            if id(row.gamma) not in resting:
-                resting[id(row.gamma)] = row.gamma.resting()
-            if resting[id(row.gamma)]:
+            if id(row.cuts) not in resting:
+                resting[id(row.cuts)] = row.cuts.resting()
+            if resting[id(row.cuts)]:
                 proposals.append((None, 0, 0.0, None))
                 continue
-        bounded = row.own_copies
-        if bounded and len(row.context) < row.lookup_at and row.gamma.skip_lookup():
+        bounded = row.spaces is not None
+        if bounded and len(row.context) < row.lookup_at and row.spaces.skip_lookup():
             proposals.append((None, 0, 0.0, None))
             continue
         if in_batch:  # this policy's batch looked this iteration (`batch_drafted` below)
-            looked[id(row.gamma)] = row.gamma
+            looked[id(row.cuts)] = row.cuts
         t = time.perf_counter()
-        key = (id(row.gamma), row.copying)  # auto is asked once per policy
-        if key not in wants:  # a fixed γ, or the policy's budget for the batch (`GammaPolicy.budget`)
-            wants[key] = row.gamma if fixed else row.gamma.budget(len(rows), row.copying)
+        key = (id(row.gamma), row.copying)  # a policy is asked once per iteration
+        if key not in wants:  # the policy's budget for the batch (`GammaPolicy.budget`)
+            wants[key] = row.gamma.budget(len(rows), row.copying)
         try:
             if bounded:
                 price_lookup(row)
@@ -150,28 +128,6 @@ def propose(rows: list[Row], room: int, eos: set[int] = frozenset(), until_last:
     return drafts
 
 
-def next_lookup(row: Row, proposal: Proposal | None) -> None:
-    """When the row of a context-only copier under auto γ looks up again: once its context is long enough
-    that a match could have grown to the shortest length auto γ predicts to pay (`row.drafter.shortest`,
-    set before the lookup). A match grows by at most one token per token the context gains (the same
-    earlier occurrence, one token further on), so from a match of m tokens no copy can pay for `shortest`
-    - m more tokens. None found: m is the longest trailing n-gram, of the orders not looked up, that
-    occurred before (`Lookups.seen_tail`; 0 where the last token is new, as it is on about half of
-    chat's steps). Where only long matches pay, or the answer's words are new, steps then skip the lookup
-    and its pricing. Drafts never change what is emitted, only how fast: a match the bound misses (an
-    occurrence beyond the index's CHAIN walked) costs speed."""
-    if proposal is not None and proposal.match:
-        look_again(row, proposal.match)
-    else:
-        look_again(row, row.lookups.seen_tail(row.context, min(row.drafter.shortest, row.drafter.orders[0])))
-
-
-def look_again(row: Row, found: int) -> None:
-    """The row's next lookup, from the match of `found` tokens its context's tail has now: once the
-    context has grown enough for it to reach the shortest length that pays (`next_lookup`)."""
-    row.lookup_at = len(row.context) + max(1, row.drafter.shortest - found)
-
-
 def kind(row: Row) -> tuple | None:
     """What auto γ prices a copying drafter's proposal by, besides its match length: where the copy
     came from (the drafter's `source`: its own context unless it says otherwise) and whether the row
@@ -184,13 +140,13 @@ def kind(row: Row) -> tuple | None:
 def _copy_widths(rows: list[Row], proposals: list[tuple[Proposal | None, int, float, tuple | None]],
                  until_last: bool = False) -> dict[int, int]:
     """Row index -> the width its drafter's part is cut to, for the rows of copying drafters under auto:
-    asked once per policy (`GammaPolicy.choose`: one width for all its rows); on a ragged target in a
-    batch, for all such rows together, each its own (auto_gamma.ragged_widths: every row's extra pass is
+    asked once per policy (`CutsCopies.choose`: one width for all its rows); on a ragged target in a
+    batch, for all such rows together, each its own (policy.ragged_widths: every row's extra pass is
     priced, whichever request it belongs to)."""
     found = {}  # row index -> (its policy, (match, drafts available, kind))
     for j, (row, (proposal, forced, _, copy_kind)) in enumerate(zip(rows, proposals)):
-        if row.copying:
-            found[j] = (row.gamma, (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None
+        if row.cuts is not None:
+            found[j] = (row.cuts, (proposal.match, len(proposal) - forced, copy_kind) if proposal is not None
                         else (None, 0, None))
     if not any(given[1] for _, given in found.values()):  # nothing to cut (no row found a copy): not priced
         return dict.fromkeys(found, 0)

@@ -8,8 +8,9 @@ from typing import NamedTuple
 import torch
 
 from ..stats import Stats
-from .acceptance import sampling_mode
-from .interfaces import Copies, Drafter, GammaPolicy, Lookups
+from .params import sampling_mode
+from .fixed_gamma import FixedGamma
+from .interfaces import Copies, CutsCopies, Drafter, GammaPolicy, Lookups, SpacesLookups
 from .law import TargetLaw
 from .sampling import SamplingParams, Uniforms
 
@@ -22,7 +23,7 @@ class Row:
     prompt: list[int]
     drafter: Drafter | None
     params: SamplingParams
-    gamma: int | GammaPolicy  # a shared policy is asked once per iteration for all its rows
+    gamma: GammaPolicy  # a shared policy is asked once per iteration for all its rows
     max_new_tokens: int
     generator: torch.Generator | None
     stats: Stats = field(default_factory=Stats)
@@ -41,23 +42,31 @@ class Row:
     # runtime protocol costs ~10 us: too much for every row of every iteration); None: it is not one
     copier: Copies | None = field(init=False)
     lookups: Lookups | None = field(init=False)
-    # what propose.py asks of the row every iteration, fixed for its life (drafter, γ, law and params are)
-    copying: bool = field(init=False)  # auto γ cuts its proposals after drafting: a copying drafter under a policy
-    own_copies: bool = field(init=False)  # ... copying from its own context alone, with no law (`next_lookup`)
-    mode: str = field(init=False)  # "greedy" or "sampled" (acceptance.sampling_mode)
+    # what propose.py asks of the row every iteration, fixed for its life (drafter, γ, law and params are):
+    # its policy as the optional protocols it asks of it, checked once here as the drafter's; None: not one
+    cuts: CutsCopies | None = field(init=False)  # its proposals are cut after drafting: a copying drafter under it
+    spaces: SpacesLookups | None = field(init=False)  # ... copying from its own context alone, with no law (lookups.py)
+    plain: bool = field(init=False)  # a fixed γ of 0: no drafts at all, not even grammar-forced ones
+    mode: str = field(init=False)  # "greedy" or "sampled" (params.sampling_mode)
 
     def __post_init__(self) -> None:
         self.context = list(self.prompt)
         self.copier = self.drafter if isinstance(self.drafter, Copies) else None
         self.lookups = self.drafter if isinstance(self.drafter, Lookups) else None
-        auto = not isinstance(self.gamma, int)
-        self.copying = auto and self.drafter is not None and self.drafter.copies
-        self.own_copies = (auto and self.law is None and self.lookups is not None
-                           and self.lookups.sources == ("context",))
+        cuts = isinstance(self.gamma, CutsCopies) and self.drafter is not None and self.drafter.copies
+        self.cuts = self.gamma if cuts else None
+        own = self.law is None and self.lookups is not None and self.lookups.sources == ("context",)
+        self.spaces = self.gamma if own and isinstance(self.gamma, SpacesLookups) else None
+        self.plain = isinstance(self.gamma, FixedGamma) and self.gamma.plain
         self.mode = sampling_mode(self.params)
         self.uniforms = Uniforms(self.generator)
         self.stats.lenience = min(self.stats.lenience, self.params.lenience)
         self._decode_base = self.stats.decode_s  # a Stats carried over from earlier generations keeps its time
+
+    @property
+    def copying(self) -> bool:
+        """Whether its policy cuts its proposals after drafting (`cuts`): a copying drafter under auto γ."""
+        return self.cuts is not None
 
 
 class Draft(NamedTuple):

@@ -30,15 +30,15 @@ the suffix store: it looks up one copy and is cut afterwards, `copies`) by its s
 whatever γ is kept; a model drafter by its seconds per drafted token. A drafter slower than the
 tokens its drafts save gets γ = 0.
 
-The policy that chooses γ from these prices is `auto_gamma.py`; what a copy is worth, `acceptance.py`;
-the measurements these prices start from (timed forwards) are `exactspec.measure`, outside this package.
+The policy that chooses γ from these prices is `policy.py`; what a copy is worth, `acceptance.py`;
+the measurements these prices start from (timed forwards) are `measure.py`, this room's one file with I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .theory import expected_tokens
+from ..speculative.theory import expected_tokens
 
 
 TARGET_WEIGHT = 0.2  # how far one real iteration moves T(k)
@@ -343,7 +343,7 @@ class CostModel:
     def ragged_seconds(self, lengths: list[int], memo: dict[tuple[int, int], float] | None = None) -> float:
         """One iteration of a ragged target whose row b scores lengths[b] new tokens (>= 1 each). `memo`:
         each pass shape's price, kept across the many iterations one batch choice prices
-        (auto_gamma.best_ragged: repricing every pass of every candidate was most of a choice's time)."""
+        (policy.best_ragged: repricing every pass of every candidate was most of a choice's time)."""
         if len(lengths) <= 1:
             return self.single_row_guess(1, lengths[0] if lengths else 1)
         memo = {} if memo is None else memo

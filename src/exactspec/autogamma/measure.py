@@ -1,5 +1,5 @@
 """Timing the target and the drafters for auto γ: forwards on a warm cache, read by the clock. The
-prices they start (`speculative/costs.py`) are then refined by the decode loop's own timed iterations."""
+prices they start (`costs.py`) are then refined by the decode loop's own timed iterations."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 
 import torch
 
-from .cachedir import cache_dir, machine_key, measured_once, say_if_provisional, write_atomic
-from .device import device_of, synchronize
-from .speculative.costs import MAX_AUTO_GAMMA, TARGET_DEPTHS
-from .speculative.interfaces import CausalLM
+from ..cachedir import cache_dir, machine_key, measured_once, say_if_provisional, write_atomic
+from ..device import device_of, synchronize
+from .costs import MAX_AUTO_GAMMA, TARGET_DEPTHS
+from ..speculative.interfaces import CausalLM
 
 
 REFINE_BOUND = 2.0  # a persisted refinement stays within this factor of the table as measured

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from exactspec.speculative import theory
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.costs import CostModel, DepthCosts
+from exactspec.autogamma.policy import AutoGamma
+from exactspec.autogamma.costs import CostModel, DepthCosts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -159,52 +159,6 @@ def test_drafters_share_the_targets_refined_costs(tiny_target):
     assert lookup.target_observations == [2, 1, 0]
     assert bigram.depth is lookup.depth  # T(k) at deeper contexts too
     assert lookup.copies and not bigram.copies  # a lookup is priced per proposal, a bigram per token
-
-
-def test_target_costs_are_measured_once_per_machine_and_model(tiny_target, tmp_path, monkeypatch):
-    """auto γ's T(k) for an adapter whose loader keyed it (`cost_key`) is measured once, then read back from
-    the cache (a new engine, a new process: the same file); an unkeyed adapter is measured every time;
-    a corrupt entry is measured again. The tiny target's 128-token context holds no deeper depth."""
-    from exactspec import measure
-
-    monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
-    calls = []
-    real = measure.measure_target
-    monkeypatch.setattr(measure, "measure_target", lambda target, max_k: calls.append(max_k) or real(target, max_k=max_k))
-    depths, curves = measure.target_costs(tiny_target, 5)  # unkeyed: measured
-    assert depths == [100] and len(curves) == 1 and len(curves[0]) == 5 and calls == [5]
-    tiny_target.cost_key = "test|tiny"
-    try:
-        keyed = measure.target_costs(tiny_target, 5)
-        assert measure.target_costs(tiny_target, 5) == keyed and calls == [5, 5]  # read back
-        for entry in (tmp_path / "target-costs").iterdir():
-            entry.write_text("[not json")
-        assert len(measure.target_costs(tiny_target, 5)[1][0]) == 5 and calls == [5, 5, 5]
-    finally:
-        del tiny_target.cost_key
-
-
-def test_depths_measured_are_capped_by_the_context(tiny_target, monkeypatch):
-    """T(k) is measured at ~100, ~1000 and ~3000 tokens where the target's context holds them (each at
-    least twice the one before); the deeper curves come from one cache prefilled in turn."""
-    from types import SimpleNamespace
-
-    from exactspec import measure
-    from exactspec.measure import deeper_depths, fitting_depth, measure_deeper
-
-    assert deeper_depths(SimpleNamespace(max_length=8192), 33, 100) == [1000, 3000]
-    assert deeper_depths(SimpleNamespace(max_length=2048), 33, 100) == [1000, 2014]
-    assert deeper_depths(SimpleNamespace(max_length=1200), 33, 100) == [1000]  # 1166: too close to 1000
-    assert deeper_depths(SimpleNamespace(max_length=700), 33, 100) == [666]
-    assert deeper_depths(SimpleNamespace(max_length=128), 5, 100) == []
-    assert fitting_depth(SimpleNamespace(max_length=128), 5, 100) == 100
-    depths, curves = measure_deeper(tiny_target, 3, [20, 60], reps=1, base=10)
-    assert depths == [20, 60] and len(curves) == 2 and all(len(c) == 3 and min(c) > 0 for c in curves)
-    # a prefill that takes too long: the depth reached is the last measured, if deep enough
-    assert measure_deeper(tiny_target, 3, [20, 60], reps=1, base=10, budget_s=1e-9)[0] == [20]
-    monkeypatch.setattr(measure, "DEEP_PREFILL_CHUNK", 16)
-    assert measure_deeper(tiny_target, 3, [40], reps=1, base=5, budget_s=1e-9)[0] == [16]
-    assert measure_deeper(tiny_target, 3, [40], reps=1, base=10, budget_s=1e-9) == ([], [])
 
 
 def deep_costs(**kw) -> CostModel:
@@ -391,7 +345,7 @@ def test_the_loop_prices_auto_at_the_rows_depth(tiny_target):
 def test_a_batch_whose_copies_do_not_pay_rests_from_drafting():
     """AutoGamma.resting: after a batch iteration whose copies were all cut to nothing, the batch sits
     out 1, then 2, 4, ... up to MAX_REST iterations; an iteration that drafted starts the gap over."""
-    from exactspec.speculative.auto_gamma import MAX_REST
+    from exactspec.autogamma.policy import MAX_REST
 
     auto = AutoGamma(CostModel(target_s=[0.05, 0.06, 0.07], draft_s_per_token=0.0))
 
@@ -450,7 +404,7 @@ def test_a_lookup_skips_match_lengths_that_cannot_pay():
     assert auto.choose([(1, 5, kinds[0])]) == 1
     # the answer is priced again after this policy's outcomes (above), and every REPRICE calls: another
     # request's policy sharing the acceptance shows here within REPRICE lookups
-    from exactspec.speculative.auto_gamma import REPRICE
+    from exactspec.autogamma.policy import REPRICE
 
     other = AutoGamma(cost, acceptance=auto.acceptance)
     for _ in range(40):
@@ -464,7 +418,7 @@ def test_the_shortest_paying_match_is_the_shortest_bucket_whose_best_width_pays(
     a copy of every length in turn, over random curves and outcomes (no probe due)."""
     import random
 
-    from exactspec.speculative.acceptance import BUCKET_EDGES
+    from exactspec.autogamma.acceptance import BUCKET_EDGES
 
     rng = random.Random(0)
     kinds = [("context", "greedy"), ("store", "greedy")]
@@ -488,7 +442,7 @@ def test_the_shortest_paying_match_is_the_shortest_bucket_whose_best_width_pays(
 def test_the_store_starts_from_a_lower_prior():
     """The store (other requests' text) is a weaker witness than the request's own context at the same
     match length: a cold engine's store copies of short matches are not drafted before they are seen to pay."""
-    from exactspec.speculative.acceptance import BUCKET_EDGES, COPY_PRIOR, STORE_PRIOR, Acceptance
+    from exactspec.autogamma.acceptance import BUCKET_EDGES, COPY_PRIOR, STORE_PRIOR, Acceptance
 
     seen = Acceptance()
     for b, match in enumerate(BUCKET_EDGES):  # the shortest match of each bucket
@@ -517,7 +471,7 @@ def test_probes_are_scheduled_across_an_engines_requests(tiny_target):
     """`Probes`: a request's policy probes after the gap its engine's earlier requests left (not from 8
     again), the gap doubling after each probe up to MAX_PROBE_GAP; a policy of its own starts at `first_probe`."""
     from exactspec.engine import Engine
-    from exactspec.speculative.auto_gamma import MAX_PROBE_GAP, Probes
+    from exactspec.autogamma.policy import MAX_PROBE_GAP, Probes
 
     losing = CostModel(target_s=[0.05, 0.1, 0.15], frozen=True)
 
@@ -539,108 +493,6 @@ def test_probes_are_scheduled_across_an_engines_requests(tiny_target):
     _, first = engine.drafting()
     _, second = engine.drafting()
     assert first.probes is second.probes and first.acceptance.shared is second.acceptance.shared  # each its own view
-
-
-def test_measured_costs_charge_a_change_of_shape(tiny_target, monkeypatch):
-    """`measure_target`: T(1) is a one-token step after one-token steps; a wider pass is charged the change
-    of shape it pays and the one the next one-token step pays (llama.cpp builds a graph per new shape), the
-    latter at most CHANGE_CAP of a step. On the real tiny target wrapped to take `step` seconds more per
-    pass, and `change` more on a pass whose width differs from the last one's -- on an injected clock that
-    only those passes advance: the charges are asserted exactly, whatever else the machine runs."""
-    from types import SimpleNamespace
-
-    from exactspec import measure
-    from exactspec.measure import CHANGE_CAP, measure_target
-
-    clock = [0.0]
-    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-
-    class ShapeChanges:
-        def __init__(self, model, step: float, change: float):
-            self.model, self.step, self.change, self.last = model, step, change, None
-
-        def __getattr__(self, name):
-            return getattr(self.model, name)
-
-        def forward(self, ids, *args, **kwargs):
-            clock[0] += self.step + (self.change if ids.shape[1] != self.last else 0.0)
-            self.last = ids.shape[1]
-            return self.model.forward(ids, *args, **kwargs)
-
-    plain = measure_target(ShapeChanges(tiny_target, 0.04, 0.0), max_k=4, context=8, reps=3)
-    small = measure_target(ShapeChanges(tiny_target, 0.04, 0.008), max_k=4, context=8, reps=3)
-    large = measure_target(ShapeChanges(tiny_target, 0.04, 0.05), max_k=4, context=8, reps=3)
-    assert small[0] == pytest.approx(plain[0], abs=1e-9) and large[0] == pytest.approx(plain[0], abs=1e-9)
-    assert 0.008 < CHANGE_CAP * plain[0]  # the small change is under the cap
-    for k in range(2, 5):  # each wider pass: its own change of shape, and the next step's (capped)
-        assert small[k - 1] - plain[k - 1] == pytest.approx(2 * 0.008, abs=1e-9)
-        assert large[k - 1] - plain[k - 1] == pytest.approx(0.05 + CHANGE_CAP * large[0], abs=1e-9)
-
-
-def asked(drafter) -> list[int]:
-    """The context lengths `drafter` is asked to propose at, from now on (auto γ does not ask it where it
-    can tell that nothing is to be found: propose.cannot_match)."""
-    lengths, lookup = [], drafter.propose
-    drafter.propose = lambda *args, **kwargs: lengths.append(len(args[0])) or lookup(*args, **kwargs)
-    return lengths
-
-
-def replay_lookups(extra_per_token: float, text: list[int], pays_from: int
-                   ) -> tuple[list[bool], list[bool], list[bool]]:
-    """A prompt-lookup row under auto γ (T(k) = 1 + extra_per_token·(k-1), frozen, no probes) fed `text`
-    token by token -> per step: whether it looked up, whether a full lookup finds a match of `pays_from`+
-    tokens (checked: the shortest auto γ prices as paying), whether the context's last token was new."""
-    from exactspec.drafters.suffix import PromptLookupDrafter
-    from exactspec.drafters.suffix_index import SuffixIndex
-    from exactspec.speculative.propose import propose
-    from exactspec.speculative.rows import Row
-    from exactspec.speculative.sampling import SamplingParams
-
-    auto = AutoGamma(CostModel([1.0 + extra_per_token * k for k in range(33)], copies=True, frozen=True),
-                     first_probe=10**6)
-    drafter = PromptLookupDrafter()
-    row = Row(0, text[:2], drafter, SamplingParams(temperature=0), auto, 10**6, None)
-    looked, paying, new = [], [], []
-    for token in text[2:]:
-        looked.append(len(row.context) >= row.lookup_at)  # not spaced out: it looks (or tells it cannot match)
-        propose([row], 10**6)
-        reference = SuffixIndex(orders=drafter.orders)
-        reference.extend(reference.new_doc(), row.context)
-        match = reference.find(row.context)
-        paying.append(match is not None and match.length >= pays_from)
-        new.append(row.context[-1] not in row.context[:-1])
-        row.context.append(token)
-    assert auto.shortest_paying([("context", "greedy")], drafter.max_match) == pays_from
-    return looked, paying, new
-
-
-def test_prompt_lookup_under_auto_skips_only_lookups_that_cannot_pay():
-    """propose.next_lookup: a context-only copier under auto γ looks up again only once a match could have
-    grown to the shortest paying length (a match grows by at most a token per token the context gains).
-    Replayed token by token over a text that copies an earlier passage: every step whose full lookup finds a
-    paying match did look up, and the steps before the copy skipped most lookups."""
-    passage = list(range(100, 140))
-    text = list(range(200, 230)) + passage[:25] + list(range(300, 340)) + passage  # the passage, then its copy
-    looked, paying, _ = replay_lookups(0.65, text, 5)  # matches of 5+ pay
-    assert sum(paying) >= 20 and all(look for look, pays in zip(looked, paying) if pays)
-    assert sum(looked) < len(looked) // 2  # before the copy: one lookup in 3 or fewer
-
-
-def test_after_a_new_token_the_lookup_that_cannot_find_a_match_is_skipped():
-    """propose.next_lookup where a lookup finds nothing: the tail's match is the longest n-gram, of the
-    orders not looked up, that occurred before (`Lookups.seen_tail`), 0 after a token never seen. Where
-    matches of 2 pay, the lookup right after a new token is skipped (none can be found there), and a seen
-    token is looked up after. Replayed over new words, then words seen before, then a copy: every step
-    whose full lookup finds a paying match did look up."""
-    passage = list(range(100, 120))
-    seen_again = [100, 205, 110, 215, 101, 230, 111, 201]  # each seen before, no pair of them
-    text = passage + list(range(200, 240)) + seen_again + passage
-    looked, paying, new = replay_lookups(0.48, text, 2)  # matches of 2+ pay, of 1 not
-    assert sum(paying) >= 15 and all(look for look, pays in zip(looked, paying) if pays)
-    after = [(is_new, looked[i + 1]) for i, is_new in enumerate(new[:-1]) if looked[i] and not paying[i]]
-    assert all(not next_looked for is_new, next_looked in after if is_new)  # after a new token: skipped
-    assert all(next_looked for is_new, next_looked in after if not is_new)  # after one seen: looked up
-    assert sum(is_new for is_new, _ in after) >= 20 and sum(not is_new for is_new, _ in after) >= 6
 
 
 def test_a_wide_pass_pays_for_the_slower_step_after_it():
@@ -665,7 +517,7 @@ def test_a_short_answers_steps_reach_the_shared_t1_when_it_ends(tiny_target):
     import torch
 
     from exactspec.drafters.suffix import PromptLookupDrafter
-    from exactspec.speculative.auto_gamma import FOLD
+    from exactspec.autogamma.policy import FOLD
     from exactspec.speculative.loop import decode
     from exactspec.speculative.sampling import SamplingParams
     from exactspec.stats import Stats
@@ -678,50 +530,13 @@ def test_a_short_answers_steps_reach_the_shared_t1_when_it_ends(tiny_target):
     assert cost.target_observations[0] == stats.target_calls == FOLD - 3
 
 
-def test_a_lookup_that_cannot_match_does_not_ask_the_drafter(monkeypatch):
-    """propose.cannot_match: where the context's trailing n-gram of the shortest order looked up never
-    occurred (here matches of 2+ pay), the drafter is not asked, and the row's next lookup is the one a
-    lookup finding nothing sets; the first iteration's is decided so before the prefill (`prepare`).
-    Replayed over new words, words seen before and a copy of the prompt, against a row that always asks:
-    the same drafts and lookups, the drafter asked far less, and not at the prompt's end."""
-    from exactspec.drafters.suffix import PromptLookupDrafter
-    from exactspec.speculative import propose as steps
-    from exactspec.speculative.rows import Row
-    from exactspec.speculative.sampling import SamplingParams
-
-    passage = list(range(100, 120))
-    prompt = list(range(200, 220)) + passage + [300]  # ends with a token never seen before
-    answer = list(range(400, 430)) + [100, 205, 110, 215, 101, 230, 111] + passage
-
-    def replay(tells: bool) -> tuple[list, list[int], list[int]]:
-        auto = AutoGamma(CostModel([1.0 + 0.48 * k for k in range(33)], copies=True, frozen=True), first_probe=10**6)
-        drafter = PromptLookupDrafter()
-        row = Row(0, prompt, drafter, SamplingParams(temperature=0), auto, 10**6, None)
-        lookups, drafts, spacing = asked(drafter), [], []
-        with monkeypatch.context() as m:
-            if not tells:
-                m.setattr(steps, "cannot_match", lambda row: False)
-            steps.prepare(row)
-            for token in answer:
-                drafts.append(steps.propose([row], 10**6)[0].ids)
-                spacing.append(row.lookup_at)
-                row.context.append(token)
-        assert drafter.shortest == 2
-        return drafts, spacing, lookups
-
-    told, always = replay(True), replay(False)
-    assert told[:2] == always[:2] and sum(map(len, told[0])) >= 10  # the same drafts and lookups; the copy drafted
-    assert always[2][0] == len(prompt) and told[2][0] > len(prompt)
-    assert len(told[2]) * 2 < len(always[2])
-
-
 def test_a_resting_batch_and_a_rows_spacing_wait_side_by_side():
     """propose: a batch's rest (`AutoGamma.resting`, after its copies were cut to nothing) counts the
     iterations while a row's own spacing (`next_lookup`, 2 tokens after a new one where matches of 2+
     pay) runs, not after it: two rows of new tokens look up every rest + 1 iterations (2, 3, 5, 9, 9),
     both in the same iterations, and a rest starts only after an iteration that looked."""
     from exactspec.drafters.suffix import PromptLookupDrafter
-    from exactspec.speculative.auto_gamma import MAX_REST
+    from exactspec.autogamma.policy import MAX_REST
     from exactspec.speculative.propose import propose
     from exactspec.speculative.rows import Row
     from exactspec.speculative.sampling import SamplingParams
@@ -748,7 +563,7 @@ def test_one_row_plain_steps_move_t1_together_before_the_policy_prices():
     """AutoGamma.observe_step keeps a one-row plain step's time (the shared curves untouched) and folds the
     steps kept into T(1), in order, before its next pricing, every FOLD steps, and when a row ends
     (`finish`): T(1) then is what observing each step at once gave."""
-    from exactspec.speculative.auto_gamma import FOLD
+    from exactspec.autogamma.policy import FOLD
 
     def curve() -> CostModel:
         return CostModel([0.010, 0.012, 0.013, 0.020], copies=True)

@@ -44,12 +44,6 @@ def bucket(match: int | None) -> int:
 _BUCKETS = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(2 * BUCKET_EDGES[-1])]
 
 
-def sampling_mode(params) -> str:
-    """"greedy" or "sampled": half of the key a copy's acceptance is learned under (`Acceptance.of`), since
-    a sampled row keeps a copied token less often than a greedy one."""
-    return "greedy" if params.greedy else "sampled"
-
-
 class Acceptance:
     """What the engine has learned about one drafter: per match-length bucket, a Beta posterior of the
     per-token acceptance α (accepted drafts are successes, the first rejection a failure), with

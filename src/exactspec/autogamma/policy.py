@@ -1,17 +1,19 @@
 """Auto γ: the policy that chooses how many drafts each iteration verifies, from the prices of
-`costs.py` and the acceptance of `acceptance.py`. The decode loop asks it through `GammaPolicy`
-(interfaces.py): a budget before drafting, a width after (copies are cut once their match length is
-known), and the outcomes of every iteration; lookups of context-only copiers are spaced and batches
-rest while their copies do not pay."""
+`costs.py` and the acceptance of `acceptance.py`. The decode loop asks it through the protocols of
+speculative/interfaces.py, never this class: `GammaPolicy` (a budget before drafting, and the outcomes
+of every iteration), `CutsCopies` (a width after drafting: copies are cut once their match length is
+known; batches rest while their copies do not pay), `SpacesLookups` (context-only copiers' lookups are
+spaced) and `PricesArms` (the auto drafter's arms are priced before they propose)."""
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
 
+from ..speculative.interfaces import Lookups
+from ..speculative.theory import expected_tokens
 from .acceptance import BUCKET_EDGES, Acceptance, RequestAcceptance
 from .costs import CostModel
-from .theory import expected_tokens
 
 
 MAX_PROBE_GAP = 512  # the most plain steps between two probes (`Probes`): a written-off copy is retried so often
@@ -24,7 +26,7 @@ FOLD = 8  # one-row plain steps a policy times before it moves the shared T(1) b
 class Probes:
     """When auto γ next verifies one draft that it does not expect to pay (a probe of γ = 1), so that an
     acceptance it has written off gets measured again: after `gap` plain steps, the gap doubling after each
-    probe up to MAX_PROBE_GAP. An engine keeps one per drafter across its requests (`Drafting.probes`):
+    probe up to MAX_PROBE_GAP. An engine keeps one per drafter across its requests (`Learned.probes`):
     started over at 8 in every request, cold chat ran 17 probes in 768 steps, each a two-token pass at
     ~1.9x a step on a Zen 5, ~2% of the run, where a shared schedule runs 6."""
 
@@ -45,7 +47,7 @@ class Probes:
         return self.plain_steps + 1 >= self.gap
 
     def skipped(self) -> None:
-        """A plain step with no lookup (`propose.next_lookup`): it counts towards the next probe, which
+        """A plain step with no lookup (`lookups.next_lookup`): it counts towards the next probe, which
         then waits for a step that looks up."""
         self.plain_steps = min(self.plain_steps + 1, self.gap - 1)
 
@@ -91,7 +93,7 @@ class AutoGamma:
         return self.max_gamma if copying else self.next_gamma(rows)
 
     def skip_lookup(self) -> bool:
-        """A context-only copier's lookup that no match can make pay yet (`propose.next_lookup`) is
+        """A context-only copier's lookup that no match can make pay yet (`lookups.next_lookup`) is
         skipped, and counts towards the next probe; not while a probe is due."""
         if self.probes.due:
             return False
@@ -170,6 +172,12 @@ class AutoGamma:
             if any(_one_row(view.alpha(match), self.max_gamma, costs, floor)[1] >= self.min_gain for view in views):
                 return self._keep(key, match)
         return self._keep(key, longest)
+
+    def set_shortest(self, drafter: Lookups, kinds: list[object], longest: int = 3) -> None:
+        """Tell a copier the shortest match worth its lookup (`shortest_paying`): shorter ones are not
+        looked for. The one place a drafter's lookup settings change (a row's lookups, speculative/lookups.py,
+        and the auto drafter's arms)."""
+        drafter.shortest = self.shortest_paying(kinds, longest)
 
     def model_width(self, kind: object, k: int) -> int:
         """The width auto γ gives a model drafter's proposal of at most k tokens (`best` at its one α,

@@ -1,4 +1,4 @@
-"""A request's own view of the acceptance the engine learned (speculative/acceptance.RequestAcceptance):
+"""A request's own view of the acceptance the engine learned (autogamma/acceptance.RequestAcceptance):
 history is its prior, weighing at most LOCAL_STRENGTH proposals, so a request whose copies fail stops
 paying for them after a few proposals, however long the engine's history of accepted copies."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from exactspec.speculative.acceptance import BOLD_FROM, FORGET, LOCAL_STRENGTH, Acceptance, RequestAcceptance, bucket
-from exactspec.speculative.auto_gamma import AutoGamma
-from exactspec.speculative.costs import CostModel
+from exactspec.autogamma.acceptance import BOLD_FROM, FORGET, LOCAL_STRENGTH, Acceptance, RequestAcceptance, bucket
+from exactspec.autogamma.policy import AutoGamma
+from exactspec.autogamma.costs import CostModel
 
 KIND = ("context", "greedy")
 
