@@ -89,7 +89,8 @@ def test_load_loads_and_measures_in_a_thread_that_exits(monkeypatch, tmp_path):
     """`exactspec.load`: the models are loaded and a cached T(k) measured off the caller's thread, in one
     thread: a team libgomp kept on the caller's thread made a server's worker decode 5x slower."""
     import exactspec
-    from exactspec import engine, measure
+    from exactspec import engine
+    from exactspec.autogamma import measure
 
     threads = {}
     load_models = engine.load_models
