@@ -30,7 +30,7 @@ from pathlib import Path
 from exactspec.cachedir import cache_dir  # make setup installs exactspec first
 
 PACKAGE, VERSION = "llama-cpp-python", "0.3.36"
-LABEL = "exactspec.22"  # the version label 09-version-label.patch sets: bump both with any patch change
+LABEL = "exactspec.23"  # the version label 09-version-label.patch sets: bump both with any patch change
 PATCHES = Path(__file__).with_name("llama_cpp_patches")
 
 
