@@ -27,9 +27,11 @@ static volatile float sink;
 static void * vnni(void * arg) {
     const long iters = *(const long *) arg;
     __m512i acc[ACCS];
+#pragma GCC unroll 12
     for (int i = 0; i < ACCS; ++i) acc[i] = _mm512_set1_epi32(i);
     const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
     for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
         for (int i = 0; i < ACCS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
         __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]),
                          "+v"(acc[6]), "+v"(acc[7]), "+v"(acc[8]), "+v"(acc[9]), "+v"(acc[10]), "+v"(acc[11]));
@@ -45,9 +47,11 @@ static void * fma32(void * arg) {
     const long iters = *(const long *) arg;
 #if defined(__AVX512F__)
     __m512 acc[ACCS];
+#pragma GCC unroll 12
     for (int i = 0; i < ACCS; ++i) acc[i] = _mm512_set1_ps((float) i);
     const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
     for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
         for (int i = 0; i < ACCS; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
         __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]),
                          "+v"(acc[6]), "+v"(acc[7]), "+v"(acc[8]), "+v"(acc[9]), "+v"(acc[10]), "+v"(acc[11]));
@@ -55,9 +59,11 @@ static void * fma32(void * arg) {
     sink = _mm512_reduce_add_ps(acc[0]);
 #else
     __m256 acc[ACCS];
+#pragma GCC unroll 12
     for (int i = 0; i < ACCS; ++i) acc[i] = _mm256_set1_ps((float) i);
     const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
     for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
         for (int i = 0; i < ACCS; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
         __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]),
                          "+v"(acc[6]), "+v"(acc[7]), "+v"(acc[8]), "+v"(acc[9]), "+v"(acc[10]), "+v"(acc[11]));

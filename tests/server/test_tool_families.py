@@ -437,6 +437,47 @@ def test_xml_calls_are_read_where_the_grammar_ends_them_whatever_the_values_hold
     assert accepted >= 100 and tricky >= 30, (accepted, tricky)
 
 
+JSON_PIECES = ['{"name": "get_time", "arguments": {}}', '{"name": "get_time", "parameters": {}}', "</tool_call>",
+               "<tool_call>\n", "[TOOL_CALLS] [", "<|tool_call|>[", "]", "}", "{", ", ", '"', "\\", "\n", "a", " ", "Paris"]
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral", "granite", "llama3_json"])
+def test_json_calls_are_read_where_the_grammar_ends_them_whatever_the_values_hold(engines, name):
+    """A JSON family's string value may hold any text, another family's markup or a whole call written
+    out; the reader ends each arguments value where JSON does, so over random values every text the
+    grammar accepts reads as exactly the calls written (never a call the values spell), streamed alike."""
+    import random
+
+    engine, fam = engines[name], family(name)
+    plan = plan_tools([NOTE, TIME], "auto", fam)
+    matcher_of = lambda: Matcher(engine.grammar_tokenizer(), grammar_from_spec(plan.constraint), engine.target.vocab_size)  # noqa: E731
+    rng, accepted, tricky = random.Random(11), 0, 0
+    for _ in range(200):
+        calls = [("note", {"text": "".join(rng.choice(JSON_PIECES) for _ in range(rng.randint(0, 6)))})
+                 for _ in range(rng.randint(1, 2) if fam.parallel else 1)]
+        if rng.random() < 0.5:
+            calls[0][1]["n"] = rng.randint(-5, 99)
+        bodies = [fam.written(n, a)[len(fam.open):] + "}" for n, a in calls]
+        text = ("" if not fam.marker else "Noting.\n") + fam.open + fam.sep.join(bodies) + fam.close
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        if matcher_of().valid_prefix(ids) != len(ids):
+            continue  # a value's text that the vocabulary reads as one of its special tokens
+        accepted += 1
+        tricky += any('"name"' in a["text"] or "]" in a["text"] for _, a in calls)
+        content, got = plan.read(text, True)
+        assert content in ("Noting.\n", None) and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                                    for c in got] == calls, text
+        reader, streamed, cut = plan.reader(), [], rng.randint(1, 9)
+        for at in range(0, len(text), cut):
+            for kind, piece in reader.feed(text[at:at + cut]):
+                if kind == "call":
+                    streamed.append([piece, ""])
+                elif kind == "arguments":
+                    streamed[-1][1] += piece
+        assert [(n, json.loads(a)) for n, a in streamed] == calls and reader.complete(), text
+    assert accepted >= 100 and tricky >= 30, (accepted, tricky)
+
+
 OVERLAPPING = {"type": "function", "function": {"name": "fork", "parameters": {"type": "object", "properties": {
     "turns": {"oneOf": [{"type": "string", "enum": ["all"]}, {"type": "string", "pattern": "^[1-9][0-9]*$"}]}}}}}
 
