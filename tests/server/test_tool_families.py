@@ -401,6 +401,19 @@ PIECES = ["</function>", "<function=get_time>\n", "<function=note>\n", "</parame
           "<tool_call>", "</tool_call>", "\n</parameter>", "</parameter>\n", "a", " ", "Paris", "{}"]
 
 
+def streamed_calls(reader, text: str, cut: int) -> list[tuple[str, dict]]:
+    """The calls a reader streams from `text` fed `cut` characters at a time (it must end complete)."""
+    streamed = []
+    for at in range(0, len(text), cut):
+        for kind, piece in reader.feed(text[at:at + cut]):
+            if kind == "call":
+                streamed.append([piece, ""])
+            elif kind == "arguments":
+                streamed[-1][1] += piece
+    assert reader.complete(), text
+    return [(name, json.loads(arguments)) for name, arguments in streamed]
+
+
 def test_xml_calls_are_read_where_the_grammar_ends_them_whatever_the_values_hold(engines):
     """qwen3_coder: a string value may hold any markup but its own closing line; the reader ends each
     value where the grammar does, so a `</function>` or `<function=X>` inside one is that value's text:
@@ -426,14 +439,7 @@ def test_xml_calls_are_read_where_the_grammar_ends_them_whatever_the_values_hold
         content, got = plan.read(text, True)
         assert content == "Noting.\n" and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                                            for c in got] == calls, text
-        reader, streamed, cut = plan.reader(), [], rng.randint(1, 9)
-        for at in range(0, len(text), cut):
-            for kind, piece in reader.feed(text[at:at + cut]):
-                if kind == "call":
-                    streamed.append([piece, ""])
-                elif kind == "arguments":
-                    streamed[-1][1] += piece
-        assert [(n, json.loads(a)) for n, a in streamed] == calls and reader.complete(), text
+        assert streamed_calls(plan.reader(), text, rng.randint(1, 9)) == calls, text
     assert accepted >= 100 and tricky >= 30, (accepted, tricky)
 
 
@@ -467,14 +473,7 @@ def test_json_calls_are_read_where_the_grammar_ends_them_whatever_the_values_hol
         content, got = plan.read(text, True)
         assert content in ("Noting.\n", None) and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                                                     for c in got] == calls, text
-        reader, streamed, cut = plan.reader(), [], rng.randint(1, 9)
-        for at in range(0, len(text), cut):
-            for kind, piece in reader.feed(text[at:at + cut]):
-                if kind == "call":
-                    streamed.append([piece, ""])
-                elif kind == "arguments":
-                    streamed[-1][1] += piece
-        assert [(n, json.loads(a)) for n, a in streamed] == calls and reader.complete(), text
+        assert streamed_calls(plan.reader(), text, rng.randint(1, 9)) == calls, text
     assert accepted >= 100 and tricky >= 30, (accepted, tricky)
 
 
