@@ -21,11 +21,9 @@ import urllib.request
 
 from exactspec.bench.peer import Server, environment, start, stop
 from exactspec.embedded import embedded_model_path
+from bench_cli_turns import WORDS  # scripts/, beside this one
 
 CONTEXT = 8192
-WORDS = ("the a of to and in is it you that for on with as this be are run file line code test tool use when not "
-         "or by can from each its what one all if do new any must your may only them path output command call "
-         "result change read write more than before after keep user task step").split()
 
 
 def ask(url: str, text: str) -> tuple[int, float]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
@@ -19,6 +18,7 @@ import torch
 from exactspec.embedded import embedded_model_path
 from exactspec.models.llamacpp.adapter import load_llama_cpp
 from exactspec.models.llamacpp.numerics import TILE, Setting
+from time_passes import median_pass_ms  # scripts/, beside this one
 
 DEPTH = 500
 KS = (1, 4, 8, 16)
@@ -41,15 +41,7 @@ def main() -> None:
         best = min(best, time.perf_counter() - start)
     lm.reset()
     lm.prefill(torch.tensor([ids[:DEPTH]]))
-    medians = {}
-    for k in KS:
-        times = []
-        for _ in range(9):
-            start = time.perf_counter()
-            lm.forward(torch.tensor([ids[DEPTH:DEPTH + k]]))
-            times.append(time.perf_counter() - start)
-            lm.truncate(DEPTH)
-        medians[k] = statistics.median(times) * 1000
+    medians = {k: median_pass_ms(lm, ids, DEPTH, k, 9) for k in KS}
     build = os.environ.get("LLAMA_CPP_LIB_PATH", "installed build")
     print(f"{build}: prefill {args.tokens} tokens on {args.threads} thread(s): {args.tokens / best:.0f} tokens/s; "
           f"at depth {DEPTH} T(k) ms " + " ".join(f"{k}: {t:.1f}" for k, t in medians.items()))
